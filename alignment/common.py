@@ -1,0 +1,83 @@
+"""Helpers every TRL-driven stage shares: trainer defaults, parent models, logging into the run.
+
+    >>> defaults = trainer_defaults(max_steps=10)
+    >>> defaults["max_steps"], defaults["report_to"]
+    (10, 'none')
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from smolforge.errors import RunError
+from smolforge.runs import Run, Runs, file_fingerprint
+
+
+def cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def trainer_defaults(**overrides) -> dict:
+    """TrainingArguments values that work on the demo (CPU, tiny model) and on a GPU.
+
+    On CPU: ``use_cpu`` and fp32 without gradient checkpointing (bf16 autocast and checkpointing
+    made tiny models 2-8x slower there). On a GPU: bf16 and checkpointing, TRL's own defaults.
+    """
+    on_gpu = cuda_available()
+    values = {"use_cpu": not on_gpu, "bf16": on_gpu, "gradient_checkpointing": on_gpu,
+              "report_to": "none", "save_strategy": "no", "logging_steps": 10, "seed": 0,
+              "dataloader_num_workers": 0, "include_num_input_tokens_seen": "non_padding"}
+    values.update(overrides)
+    return values
+
+
+def model_parent(runs: Runs, ref: str) -> Run:
+    """The parent run whose ``model/`` a stage starts from (done, with a model)."""
+    parent = runs.get(ref)
+    if not (parent.model_dir / "config.json").is_file():
+        raise RunError(f"parent run '{parent.name}' (stage {parent.stage}) has no model/ to start from")
+    return parent
+
+
+def lineage_fingerprints(parents: list[Run], own: dict[str, Path]) -> dict[str, str]:
+    """The parents' data fingerprints plus those of the files this stage reads itself."""
+    merged: dict[str, str] = {}
+    for parent in parents:
+        merged.update(parent.info.get("data_fingerprints") or {})
+    merged.update({label: file_fingerprint(path) for label, path in own.items()})
+    return merged
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def run_logger(run: Run):
+    """A TrainerCallback that appends every Trainer log line to the run's metrics.jsonl."""
+    from transformers import TrainerCallback
+
+    class RunLogger(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if logs and state.is_world_process_zero:
+                run.log(state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))})
+
+    return RunLogger()
+
+
+def train_summary(trainer, result) -> dict:
+    """Flat ``train/*`` metrics for run.json from a finished Trainer."""
+    state = trainer.state
+    losses = [h["loss"] for h in state.log_history if "loss" in h]
+    summary = {"train/steps": state.global_step, "train/loss": round(result.training_loss, 5),
+               "train/seconds": round(result.metrics.get("train_runtime", 0.0), 1),
+               "train/tokens": int(state.num_input_tokens_seen or 0)}
+    if losses:
+        summary["train/first_loss"] = round(losses[0], 5)
+        summary["train/last_loss"] = round(losses[-1], 5)
+    return summary

@@ -1,0 +1,50 @@
+"""JSONL reading and writing that names the file and line of every problem.
+
+    >>> import tempfile, pathlib
+    >>> p = pathlib.Path(tempfile.mkdtemp()) / "x.jsonl"
+    >>> write_jsonl(p, [{"text": "hi"}])
+    >>> list(read_jsonl(p))
+    [(1, {'text': 'hi'})]
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from smolforge.errors import DataError
+
+
+def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
+    """Yield ``(line_number, object)`` for each non-blank line; DataError on anything malformed."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise DataError(f"{path} line {line_no}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+            if not isinstance(obj, dict):
+                raise DataError(f"{path} line {line_no}: expected a JSON object, found {type(obj).__name__}")
+            yield line_no, obj
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
+    """Write rows atomically (temp file in the same folder, then rename)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            for row in rows:
+                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

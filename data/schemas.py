@@ -1,0 +1,88 @@
+"""The three row shapes the stages consume, validated with file/line/field errors.
+
+- ``text``: ``{"text": str}`` — pretraining documents;
+- ``chat``: ``{"messages": [{"role", "content"}, ...]}`` with at least one assistant turn — SFT;
+- ``preference``: ``{"prompt", "chosen", "rejected"}``, each a string (plain) or a list of
+  messages (conversational) — DPO and reward models.
+
+    >>> load_rows("tests/data/does-not-exist.jsonl", "text")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.DataError: tests/data/does-not-exist.jsonl: file not found
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from smolforge.errors import DataError
+
+from .jsonl import read_jsonl
+
+SCHEMAS = {"text": ("text",), "chat": ("messages",), "preference": ("prompt", "chosen", "rejected")}
+ROLES = ("system", "user", "assistant")
+
+
+def _check_messages(where: str, field: str, value, need_assistant: bool) -> None:
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: field '{field}' must be a non-empty list of messages, found {type(value).__name__}")
+    for i, message in enumerate(value):
+        if not isinstance(message, dict) or not isinstance(message.get("content"), str):
+            raise DataError(f"{where}: field '{field}[{i}]' must be an object with a string 'content'")
+        if message.get("role") not in ROLES:
+            raise DataError(f"{where}: field '{field}[{i}].role' is {message.get('role')!r} (expected one of {', '.join(ROLES)})")
+    if need_assistant and not any(m["role"] == "assistant" for m in value):
+        raise DataError(f"{where}: field '{field}' has no assistant turn to train on")
+
+
+def validate_row(row: dict, schema: str, where: str) -> None:
+    """Raise DataError naming ``where`` (file and line) and the field at fault."""
+    expected = SCHEMAS[schema]
+    for field in expected:
+        if field not in row:
+            raise DataError(f"{where}: field '{field}' is missing (expected {', '.join(expected)})")
+    if schema == "text":
+        if not isinstance(row["text"], str) or not row["text"].strip():
+            raise DataError(f"{where}: field 'text' must be a non-empty string")
+    elif schema == "chat":
+        _check_messages(where, "messages", row["messages"], need_assistant=True)
+    else:
+        conversational = isinstance(row["prompt"], list)
+        for field in expected:
+            value = row[field]
+            if conversational:
+                _check_messages(where, field, value, need_assistant=field != "prompt")
+            elif not isinstance(value, str) or not value.strip():
+                raise DataError(f"{where}: field '{field}' must be a non-empty string (or, for "
+                                f"conversational data, a list of messages like 'prompt')")
+        if row["chosen"] == row["rejected"]:
+            raise DataError(f"{where}: fields 'chosen' and 'rejected' are identical; the pair teaches nothing")
+
+
+def load_rows(path: str | Path, schema: str) -> list[dict]:
+    """Read and validate a whole JSONL file; an empty file is an error too."""
+    if schema not in SCHEMAS:
+        raise ValueError(f"unknown schema {schema!r}; expected one of {', '.join(SCHEMAS)}")
+    rows = []
+    for line_no, row in read_jsonl(path):
+        validate_row(row, schema, f"{path} line {line_no}")
+        rows.append(row)
+    if not rows:
+        raise DataError(f"{path}: no rows (expected JSONL with {schema} rows: {', '.join(SCHEMAS[schema])})")
+    return rows
+
+
+def resolve_data(ref: str, runs, kind: str) -> tuple[Path, "object | None"]:
+    """A stage's ``data:`` value → (JSONL path, data run or None).
+
+    ``ref`` is a ``.jsonl`` file, or the name/path of a data run whose ``data/<kind>.jsonl`` is used.
+    """
+    if ref.endswith(".jsonl"):
+        path = Path(ref)
+        if not path.is_file():
+            raise DataError(f"{ref}: file not found")
+        return path, None
+    run = runs.get(ref)
+    path = run.path / "data" / f"{kind}.jsonl"
+    if not path.is_file():
+        raise DataError(f"run '{run.name}' has no data/{kind}.jsonl (is it a data run? its stage is {run.stage})")
+    return path, run

@@ -1,0 +1,198 @@
+"""The embedded default: a small, seeded synthetic world a tiny model can learn on a CPU.
+
+The world holds made-up creatures with three facts each (favourite colour, home town, food)
+plus single-digit addition. From it come, deterministically for a seed:
+
+- a pretraining corpus of short documents stating the facts in several phrasings;
+- SFT conversations (three phrasings per question, as the playbook asks);
+- preference pairs: a correct answer against a flawed one (wrong fact, evasion, truncation);
+- evaluation tasks whose phrasings never occur in training, with known answers.
+
+Learning is measurable: a base model that memorised the corpus beats random on the
+multiple-choice tasks, an SFT model answers held-out chat questions exactly, and DPO widens the
+log-prob margin of correct over wrong answers.
+
+    >>> world = World.generate(seed=0, n_entities=8)
+    >>> len(world.entities), world.facts[0][1] in ATTRIBUTES
+    (8, True)
+    >>> docs = world.pretrain_corpus(n_docs=10, seed=1)
+    >>> isinstance(docs[0]["text"], str)
+    True
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+SYLLABLES = ["ka", "lo", "mi", "zu", "ren", "tor", "vex", "qua", "bri", "nel", "dra", "fo",
+             "shi", "gul", "pim", "rax", "tep", "wyn", "hob", "sel"]
+ATTRIBUTES: dict[str, list[str]] = {
+    "color": ["red", "blue", "green", "yellow", "purple", "orange", "white", "black"],
+    "home": ["Quonda", "Belmira", "Tarsk", "Vellow", "Omberton", "Kesh", "Drummo", "Pallis"],
+    "food": ["plums", "rice", "cheese", "beans", "honey", "apples", "bread", "fish"],
+}
+ARITH_RANGE = range(10)
+
+# Training phrasings: statements for pretraining, questions for SFT/DPO, one answer form.
+STATEMENTS = {
+    "color": ["{e}'s favourite color is {v}.", "The favourite color of {e} is {v}.",
+              "{e} likes the color {v}."],
+    "home": ["{e} lives in {v}.", "The home of {e} is {v}.", "{e} comes from {v}."],
+    "food": ["{e} eats {v}.", "The favourite food of {e} is {v}.", "{e} likes to eat {v}."],
+}
+ARITH_STATEMENTS = ["{a} plus {b} is {c}.", "{a} + {b} = {c}.", "The sum of {a} and {b} is {c}."]
+QUESTIONS = {
+    "color": ["What is the favourite color of {e}?", "Which color does {e} like best?",
+              "Tell me the favourite color of {e}."],
+    "home": ["Where does {e} live?", "What is the home of {e}?", "Tell me where {e} lives."],
+    "food": ["What does {e} eat?", "What is the favourite food of {e}?",
+             "Tell me what {e} likes to eat."],
+}
+ARITH_QUESTIONS = ["What is {a} plus {b}?", "Compute {a} + {b}.", "How much is {a} plus {b}?"]
+ANSWERS = {"color": "The favourite color of {e} is {v}.", "home": "{e} lives in {v}.",
+           "food": "{e} eats {v}."}
+ARITH_ANSWER = "{a} plus {b} is {c}."
+
+# Held-out phrasings: used only by the evaluation suite.
+EVAL_CONTEXTS = {"color": "Everyone knows that the color {e} likes most is",
+                 "home": "Everyone knows that the town of {e} is",
+                 "food": "Everyone knows that the food {e} likes most is"}
+EVAL_ARITH_CONTEXT = "Everyone knows that the sum of {a} and {b} is"
+EVAL_QUESTIONS = {"color": "Do you know the favourite color of {e}?",
+                  "home": "Do you know where {e} lives?",
+                  "food": "Do you know what {e} eats?"}
+EVAL_ARITH_QUESTION = "Do you know what {a} plus {b} is?"
+EVASIONS = ["I am not sure.", "I cannot answer that.", "Nobody knows."]
+PREFIXES = ["Quick question: ", "Hey, ", "I wonder. ", "Help me out. "]
+
+
+@dataclass(frozen=True)
+class World:
+    """Entities with their facts; everything else is derived from it and a seed."""
+
+    seed: int
+    entities: tuple[str, ...]
+    facts: tuple[tuple[str, str, str], ...]  # (entity, attribute, value)
+
+    @classmethod
+    def generate(cls, seed: int = 0, n_entities: int = 40) -> "World":
+        rng = random.Random(seed)
+        names: list[str] = []
+        while len(names) < n_entities:
+            name = "".join(rng.choice(SYLLABLES) for _ in range(rng.choice((2, 3)))).capitalize()
+            if name not in names:
+                names.append(name)
+        facts = tuple((e, attr, rng.choice(values)) for e in names for attr, values in ATTRIBUTES.items())
+        return cls(seed=seed, entities=tuple(names), facts=facts)
+
+    def value(self, entity: str, attribute: str) -> str:
+        return next(v for e, a, v in self.facts if e == entity and a == attribute)
+
+    # ---- pretraining -------------------------------------------------------------------
+    def pretrain_corpus(self, n_docs: int = 6000, seed: int = 1) -> list[dict]:
+        """Documents of 2–6 sentences: facts about 1–2 entities, or a run of sums."""
+        rng = random.Random(seed)
+        docs = []
+        for _ in range(n_docs):
+            if rng.random() < 0.25:
+                pairs = [(rng.choice(ARITH_RANGE), rng.choice(ARITH_RANGE)) for _ in range(rng.randint(2, 5))]
+                sentences = [rng.choice(ARITH_STATEMENTS).format(a=a, b=b, c=a + b) for a, b in pairs]
+            else:
+                chosen = rng.sample(self.entities, rng.choice((1, 1, 2)))
+                sentences = [rng.choice(STATEMENTS[a]).format(e=e, v=v)
+                             for e, a, v in self.facts if e in chosen]
+                rng.shuffle(sentences)
+            docs.append({"text": " ".join(sentences)})
+        return docs
+
+    # ---- questions shared by SFT, preferences and evaluation -----------------------------
+    def _items(self) -> list[tuple[str, dict, str]]:
+        """(kind, fields, correct answer) for every fact and every sum."""
+        items = [(a, {"e": e, "v": v}, ANSWERS[a].format(e=e, v=v)) for e, a, v in self.facts]
+        items += [("arith", {"a": a, "b": b, "c": a + b}, ARITH_ANSWER.format(a=a, b=b, c=a + b))
+                  for a in ARITH_RANGE for b in ARITH_RANGE]
+        return items
+
+    @staticmethod
+    def _question(kind: str, fields: dict, template_index: int | None) -> str:
+        if template_index is None:
+            template = EVAL_ARITH_QUESTION if kind == "arith" else EVAL_QUESTIONS[kind]
+        else:
+            template = (ARITH_QUESTIONS if kind == "arith" else QUESTIONS[kind])[template_index]
+        return template.format(**fields)
+
+    def _flawed(self, kind: str, fields: dict, correct: str, rng: random.Random) -> str:
+        roll = rng.random()
+        if roll < 0.15:
+            return rng.choice(EVASIONS)
+        if roll < 0.30:
+            return correct.rsplit(" ", 1)[0] + "."  # the value is missing
+        return self._wrong(kind, fields, rng)
+
+    @staticmethod
+    def _wrong(kind: str, fields: dict, rng: random.Random) -> str:
+        if kind == "arith":
+            wrong = rng.choice([c for c in range(19) if c != fields["c"]])
+            return ARITH_ANSWER.format(a=fields["a"], b=fields["b"], c=wrong)
+        wrong = rng.choice([v for v in ATTRIBUTES[kind] if v != fields["v"]])
+        return ANSWERS[kind].format(e=fields["e"], v=wrong)
+
+    def sft_conversations(self, seed: int = 4) -> list[dict]:
+        """Every fact and sum asked in each of the three training phrasings, plus once more in a
+        random one behind a random lead-in ("Quick question: …") so the model meets varied frames."""
+        rng = random.Random(seed)
+        conversations = []
+        for kind, fields, answer in self._items():
+            questions = [self._question(kind, fields, i) for i in range(3)]
+            questions.append(rng.choice(PREFIXES) + rng.choice(questions))
+            conversations += [{"messages": [{"role": "user", "content": q},
+                                            {"role": "assistant", "content": answer}]} for q in questions]
+        return conversations
+
+    def preference_pairs(self, n_pairs: int = 400, seed: int = 2) -> list[dict]:
+        """Conversational pairs: the correct answer against a flawed one."""
+        rng = random.Random(seed)
+        items = self._items()
+        pairs = []
+        for _ in range(n_pairs):
+            kind, fields, answer = rng.choice(items)
+            prompt = [{"role": "user", "content": self._question(kind, fields, rng.randrange(3))}]
+            pairs.append({"prompt": prompt,
+                          "chosen": [{"role": "assistant", "content": answer}],
+                          "rejected": [{"role": "assistant", "content": self._flawed(kind, fields, answer, rng)}]})
+        return pairs
+
+    # ---- evaluation suite (held-out phrasings) ------------------------------------------
+    def eval_suite(self, n_chat: int = 96, seed: int = 3) -> dict[str, list[dict]]:
+        """Rows of the embedded lm-eval suite, keyed by task file stem.
+
+        facts/arith: multiple choice on base-model statements (random = 1/8 and 1/4);
+        instruct: chat questions answered by exact match (random = 0);
+        prefs: chat prompt, choices [correct, wrong] (random = 1/2; a margin metric too).
+        """
+        rng = random.Random(seed)
+        facts = []
+        for e, a, v in self.facts:
+            choices = [" " + x for x in ATTRIBUTES[a]]
+            facts.append({"context": EVAL_CONTEXTS[a].format(e=e), "choices": choices,
+                          "gold": ATTRIBUTES[a].index(v), "kind": a})
+        arith = []
+        for a in ARITH_RANGE:
+            for b in ARITH_RANGE:
+                options = [a + b] + rng.sample([c for c in range(19) if c != a + b], 3)
+                rng.shuffle(options)
+                arith.append({"context": EVAL_ARITH_CONTEXT.format(a=a, b=b),
+                              "choices": [f" {c}" for c in options], "gold": options.index(a + b),
+                              "kind": "arith"})
+        sampled = rng.sample(self._items(), min(n_chat, len(self._items())))
+        instruct = [{"question": self._question(k, f, None), "answer": ans, "kind": k}
+                    for k, f, ans in sampled]
+        sampled = rng.sample(self._items(), min(n_chat, len(self._items())))
+        prefs = [{"question": self._question(k, f, None), "choices": [ans, self._wrong(k, f, rng)],
+                  "gold": 0, "kind": k} for k, f, ans in sampled]
+        return {"facts": facts, "arith": arith, "instruct": instruct, "prefs": prefs}
+
+
+def chat_text(messages: list[dict]) -> str:
+    """Plain rendering used only to give the tokenizer trainer chat-shaped text."""
+    return "\n".join(m["content"] for m in messages)

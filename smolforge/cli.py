@@ -1,0 +1,289 @@
+"""The ``smolforge`` command: parse arguments, call the spine or a stage, print errors once.
+
+    smolforge --help
+    smolforge sft --config recipes/demo/sft.yaml --set trainer.max_steps=20
+    smolforge pipeline recipes/demo/pipeline.yaml
+    smolforge runs
+    smolforge lineage dpo-demo
+
+Only stdlib and pyyaml are imported here; a stage module (and torch/TRL with it) is imported
+only when its command runs, so ``--help`` answers at once.
+
+    >>> import tempfile
+    >>> main(["--runs-dir", tempfile.mkdtemp(), "runs"])  # doctest: +ELLIPSIS
+    no runs under /.../
+    0
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+
+from smolforge.errors import RecipeError, SmolforgeError
+
+__all__ = ["main", "build_parser", "extra_overrides"]
+
+STAGE_EXAMPLES = {
+    "data": "smolforge data --config recipes/demo/data.yaml --set name=data-mine",
+    "pretrain": "smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine",
+    "sft": "smolforge sft --config recipes/demo/sft.yaml --set trainer.max_steps=20",
+    "dpo": "smolforge dpo --config recipes/demo/dpo.yaml --set trainer.beta=0.2",
+    "eval": "smolforge eval --config recipes/demo/eval.yaml --set run=sft-demo",
+}
+
+
+def _epilog(*lines: str) -> str:
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full argument parser (global options, one subcommand per stage, runs, lineage)."""
+    from smolforge.registry import stages
+
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="smolforge",
+        description="Post-training workbench for small LMs: data → pretrain → SFT → DPO → eval.\n"
+        "Every stage reads a run folder and writes one (runs/<name>/run.json).",
+        formatter_class=fmt,
+        epilog=_epilog(
+            "smolforge pipeline recipes/demo/pipeline.yaml",
+            "smolforge sft --config recipes/demo/sft.yaml --set trainer.max_steps=20",
+            "smolforge lineage dpo-demo",
+        ),
+    )
+    parser.add_argument("--runs-dir", metavar="DIR",
+                        help="where runs live (default: $SMOLFORGE_RUNS, else ./runs)")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser(
+        "pipeline", help="run a pipeline recipe, stage after stage, then a summary",
+        description="Run every step of a pipeline recipe, each in its own process, running the "
+        "pipeline's eval recipe after every model stage; then print a summary table.",
+        formatter_class=fmt,
+        epilog=_epilog("smolforge pipeline recipes/demo/pipeline.yaml "
+                       "--set sft.trainer.max_steps=20"),
+    )
+    p.add_argument("file", metavar="FILE", help="pipeline YAML")
+    p.add_argument("--set", action="append", default=[], metavar="STAGE.KEY=VALUE",
+                   help="override a key of every step of STAGE (repeatable)")
+    p.add_argument("--overwrite", action="store_true", help="replace runs that already exist")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+    table = stages()
+    for name in table:  # registry order follows the flow: data → … → eval
+        example = STAGE_EXAMPLES.get(name, f"smolforge {name} --config my-{name}.yaml")
+        s = sub.add_parser(
+            name, help=f"run the {name} stage ({table[name]})",
+            description=f"Run the {name} stage from a recipe whose top level has 'stage: {name}'.\n"
+            "Extra --key value pairs become overrides: trainer.key=value when the stage recipe "
+            "has a trainer field\n(a TRL config) and key is not a top-level field, else key=value.",
+            formatter_class=fmt,
+            epilog=_epilog(example, f"smolforge {name} --config my-{name}.yaml --name my-run"),
+            allow_abbrev=False,  # so TRL-style extras are never mistaken for our options
+        )
+        s.add_argument("--config", required=True, metavar="FILE", help="stage recipe YAML")
+        s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
+        s.add_argument("--overwrite", action="store_true",
+                       help="replace the run if it already exists")
+        s.add_argument("--result-json", help=argparse.SUPPRESS)  # written for the pipeline runner
+
+    r = sub.add_parser("runs", help="list runs", formatter_class=fmt,
+                       description="List the runs under the runs folder, oldest first.",
+                       epilog=_epilog("smolforge --runs-dir runs runs --json"))
+    r.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+    g = sub.add_parser("lineage", help="show a run's ancestry", formatter_class=fmt,
+                       description="Follow a run's parents back to the raw data.",
+                       epilog=_epilog("smolforge lineage dpo-demo"))
+    g.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
+    g.add_argument("--json", action="store_true", help="print the tree as JSON")
+    return parser
+
+
+def extra_overrides(extras: Sequence[str], top_fields: Sequence[str], has_trainer: bool) -> list[str]:
+    """Turn TRL-style ``--key value`` / ``--key=value`` / ``--flag`` into ``--set`` items.
+
+    >>> extra_overrides(["--learning_rate", "1e-4", "--bf16", "--name=x"], ["name", "trainer"], True)
+    ['trainer.learning_rate=1e-4', 'trainer.bf16=true', 'name=x']
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(extras):
+        token = extras[i]
+        if not token.startswith("--") or token == "--":
+            raise RecipeError(f"unexpected argument '{token}' (extra options look like --key value)")
+        key, sep, value = token[2:].partition("=")
+        if not sep:
+            if i + 1 < len(extras) and not extras[i + 1].startswith("--"):
+                value, i = extras[i + 1], i + 1
+            else:
+                value = "true"
+        key = key.replace("-", "_")
+        first = key.split(".", 1)[0]
+        if has_trainer and first not in top_fields:
+            key = f"trainer.{key}"
+        out.append(f"{key}={value}")
+        i += 1
+    return out
+
+
+# --------------------------------------------------------------------------- commands
+
+
+def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
+    from smolforge import recipe as recipes
+    from smolforge.registry import load_stage
+    from smolforge.runs import Runs, write_json_atomic
+
+    source = str(args.config)
+    stage, data = recipes.load_recipe(args.config, args.set)
+    if stage != args.command:
+        raise RecipeError(
+            f"{source}: recipe is for stage '{stage}', not '{args.command}'; "
+            f"run it with: smolforge {stage} --config {source}"
+        )
+    module = load_stage(stage)
+    if extras:
+        top = [f.name for f in dataclasses.fields(module.Recipe)]
+        sets = extra_overrides(extras, top, has_trainer="trainer" in top)
+        data = recipes.apply_overrides(data, sets, source="command line")
+    recipe = recipes.build_stage_recipe(module, data, source=source)  # over module.defaults()
+    if args.result_json:
+        write_json_atomic(args.result_json, {"name": getattr(recipe, "name", None),
+                                             "status": "validating"})
+    runs = Runs(root)
+    module.validate(recipe, runs)
+    run = module.run(recipe, runs, overwrite=args.overwrite)
+    if args.result_json:
+        write_json_atomic(args.result_json, {"name": run.name, "path": str(run.path),
+                                             "status": run.status})
+    print(f"run {run.name} {run.status or 'done'} → {run.path}")
+    return 0
+
+
+def _cmd_pipeline(args: argparse.Namespace, root: Path) -> int:
+    from smolforge.pipeline import load_pipeline, run_pipeline
+
+    pipeline = load_pipeline(args.file, args.set)
+    run_pipeline(pipeline, root, overwrite=args.overwrite, debug=args.debug, as_json=args.json)
+    return 0
+
+
+def _cmd_runs(args: argparse.Namespace, root: Path) -> int:
+    from smolforge.runs import Runs, wall_seconds
+    from smolforge.table import print_table
+
+    found = Runs(root).list()
+    if args.json:
+        items = [{"name": r.name, "stage": r.stage, "status": r.status, "path": str(r.path),
+                  "parents": r.parents, "started_at": r.info.get("started_at"),
+                  "ended_at": r.info.get("ended_at"), "wall_s": wall_seconds(r.info),
+                  "metrics": r.metrics} for r in found]
+        print(json.dumps({"root": str(root), "runs": items}, indent=2, default=str))
+        return 0
+    if not found:
+        print(f"no runs under {root}/")
+        return 0
+    rows = [[r.name, r.stage, r.status, (r.info.get("started_at") or "")[:19].replace("T", " "),
+             wall_seconds(r.info), ", ".join(r.parents) or "-"] for r in found]
+    print_table(["name", "stage", "status", "started", "wall s", "parents"], rows)
+    return 0
+
+
+def lineage_lines(node: dict) -> list[str]:
+    """Indented tree lines for a lineage dict (children are the run's parents).
+
+    >>> tree = {"name": "b", "stage": "sft", "status": "done", "parents": [
+    ...     {"name": "a", "stage": None, "status": "missing", "parents": []}]}
+    >>> print("\\n".join(lineage_lines(tree)))
+    b (sft, done)
+    └─ a (missing)
+    """
+    def label(n: dict) -> str:
+        parts = [p for p in (n.get("stage"), n.get("status")) if p]
+        return f"{n['name']} ({', '.join(parts)})"
+
+    lines = [label(node)]
+
+    def walk(parents: list[dict], indent: str) -> None:
+        for i, child in enumerate(parents):
+            last = i == len(parents) - 1
+            lines.append(f"{indent}{'└─' if last else '├─'} {label(child)}")
+            walk(child.get("parents") or [], indent + ("   " if last else "│  "))
+
+    walk(node.get("parents") or [], "")
+    return lines
+
+
+def _cmd_lineage(args: argparse.Namespace, root: Path) -> int:
+    from smolforge.runs import Runs
+
+    tree = Runs(root).lineage(args.run)
+    if args.json:
+        print(json.dumps(tree, indent=2))
+    else:
+        print("\n".join(lineage_lines(tree)))
+    return 0
+
+
+# --------------------------------------------------------------------------- entry point
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit code (2 for smolforge errors, 130 on Ctrl-C).
+
+    >>> main(["--help"]) == 0  # doctest: +ELLIPSIS
+    usage: smolforge ...
+    True
+    """
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]
+    try:
+        parser = build_parser()
+        try:
+            args, extras = parser.parse_known_args(argv)
+        except SystemExit as exc:  # --help, or a usage error already printed by argparse
+            return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+        debug = args.debug
+        if args.command is None:
+            parser.print_help()
+            return 2
+        if extras and args.command in ("pipeline", "runs", "lineage"):
+            parser.parse_args(argv)  # argparse prints "unrecognized arguments" and exits 2
+        from smolforge.runs import runs_root
+
+        root = runs_root(args.runs_dir)
+        if args.command == "pipeline":
+            return _cmd_pipeline(args, root)
+        if args.command == "runs":
+            return _cmd_runs(args, root)
+        if args.command == "lineage":
+            return _cmd_lineage(args, root)
+        return _cmd_stage(args, extras, root)
+    except SmolforgeError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("interrupted", file=sys.stderr)
+        return 130
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
+    except BrokenPipeError:  # `smolforge runs | head`: stop quietly
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141

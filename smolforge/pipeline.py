@@ -1,0 +1,360 @@
+"""Run a ``pipeline:`` recipe: stage after stage, each in its own subprocess, then a summary.
+
+    smolforge pipeline recipes/demo/pipeline.yaml --set sft.trainer.max_steps=20
+
+A pipeline file::
+
+    pipeline:                     # ordered steps; each one of:
+      - data.yaml                 #   a stage recipe path (relative to this pipeline file)
+      - recipe: pretrain.yaml     #   a path plus overrides
+        set: {trainer.max_steps: 300}
+      - {stage: sft, name: sft-x, parent: pretrain-demo}   # an inline stage recipe
+    eval: eval.yaml               # optional: run after every model step (pretrain/sft/dpo)
+
+The eval recipe is run once per model step with ``run`` set to that step's run name and
+``name`` set to ``eval-<run>`` (or to its own ``name`` with ``{run}`` filled in, e.g.
+``name: "{run}-eval"``). Every step recipe is checked (known stage, valid YAML) before the
+first one starts; deep validation happens in the stage's own process. Each step runs as
+``python -m smolforge --runs-dir ROOT STAGE --config STEP.yaml``, which isolates DeepSpeed
+process groups and vLLM patches between stages.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> _ = open(os.path.join(d, "p.yaml"), "w").write("pipeline:\\n  - {stage: data, name: d1}\\n")
+    >>> [(s.stage, s.name) for s in load_pipeline(os.path.join(d, "p.yaml")).steps]
+    [('data', 'd1')]
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import difflib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any, TextIO
+
+import yaml
+
+from smolforge.errors import RecipeError, RunError
+from smolforge.recipe import apply_overrides, load_yaml, set_path
+from smolforge.registry import MODEL_STAGES, stages, unknown_stage_message
+from smolforge.runs import Run, wall_seconds
+from smolforge.table import print_table
+
+__all__ = ["Step", "Pipeline", "load_pipeline", "run_pipeline", "summary", "score_columns"]
+
+PIPELINE_KEYS = ("pipeline", "eval")
+STEP_KEYS = ("recipe", "set")
+
+
+@dataclasses.dataclass
+class Step:
+    """One resolved step: its stage, its full recipe (including ``stage``) and where it came from."""
+
+    label: str     # "step 2", or "step 2 eval" for the eval run after step 2
+    stage: str
+    recipe: dict
+    source: str
+
+    @property
+    def name(self) -> str | None:
+        name = self.recipe.get("name")
+        return None if name is None else str(name)
+
+
+@dataclasses.dataclass
+class Pipeline:
+    """A loaded pipeline: ordered steps plus the optional eval recipe template."""
+
+    path: Path
+    steps: list[Step]
+    eval: dict | None = None
+
+    def eval_step(self, after: Step, run_name: str) -> Step:
+        """The eval step that follows model step ``after`` whose run is ``run_name``."""
+        assert self.eval is not None
+        recipe = copy.deepcopy(self.eval)
+        template = recipe.get("name")
+        if isinstance(template, str) and "{run}" in template:
+            recipe["name"] = template.replace("{run}", run_name)
+        else:
+            recipe["name"] = f"eval-{run_name}"
+        recipe["run"] = run_name
+        return Step(f"{after.label} eval", "eval", recipe, f"{self.path} (eval)")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def _stage_of(recipe: dict, source: str) -> str:
+    if "pipeline" in recipe:
+        raise RecipeError(f"{source}: a pipeline cannot be a step of another pipeline")
+    if "stage" not in recipe:
+        raise RecipeError(
+            f"{source}: missing top-level key 'stage' (one of: {', '.join(sorted(stages()))})"
+        )
+    stage = recipe["stage"]
+    if not isinstance(stage, str) or stage not in stages():
+        raise RecipeError(f"{source}: {unknown_stage_message(stage)}")
+    return stage
+
+
+def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
+    where = f"{source}: pipeline step {n}"
+    if isinstance(item, (str, Path)):
+        path = base / str(item)
+        recipe = load_yaml(path)
+        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path))
+    if isinstance(item, dict) and "recipe" in item:
+        for key in item:
+            if key not in STEP_KEYS:
+                close = difflib.get_close_matches(str(key), STEP_KEYS, n=1)
+                hint = f"did you mean '{close[0]}'?" if close else "a step with 'recipe' takes: recipe, set"
+                raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
+        path = base / str(item["recipe"])
+        recipe = load_yaml(path)
+        sets = item.get("set") or {}
+        if isinstance(sets, dict):
+            for key, value in sets.items():
+                set_path(recipe, str(key), value, f"{where} set")
+        elif isinstance(sets, list):
+            recipe = apply_overrides(recipe, [str(s) for s in sets], f"{where} set")
+        else:
+            raise RecipeError(f"{where}: 'set' must be a mapping of key.path: value")
+        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path))
+    if isinstance(item, dict) and "stage" in item:
+        recipe = copy.deepcopy(item)
+        return Step(f"step {n}", _stage_of(recipe, where), recipe, where)
+    raise RecipeError(
+        f"{where} must be a recipe path, {{recipe: PATH, set: {{key: value}}}} "
+        f"or an inline recipe with a 'stage' key; got {item!r}"
+    )
+
+
+def _load_eval(item: Any, base: Path, source: str) -> dict:
+    where = f"{source}: eval"
+    if isinstance(item, (str, Path)):
+        recipe, where = load_yaml(base / str(item)), str(base / str(item))
+    elif isinstance(item, dict):
+        recipe = copy.deepcopy(item)
+        recipe.setdefault("stage", "eval")
+    else:
+        raise RecipeError(f"{where} must be a recipe path or an inline eval recipe, got {item!r}")
+    if recipe.get("stage") != "eval":
+        raise RecipeError(f"{where}: the pipeline's eval recipe must have stage: eval, "
+                          f"got {recipe.get('stage')!r}")
+    return recipe
+
+
+def _split_sets(sets: Iterable[str], source: str) -> list[tuple[str, str]]:
+    out = []
+    for item in sets:
+        key, sep, _ = str(item).partition("=")
+        stage, dot, rest = key.strip().partition(".")
+        if not sep or not dot or not stage or not rest:
+            raise RecipeError(
+                f"{source}: pipeline override '{item}' must look like STAGE.key.path=value "
+                "(e.g. --set sft.trainer.max_steps=20)"
+            )
+        out.append((stage, str(item).split(".", 1)[1]))
+    return out
+
+
+def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
+    """Load and cheaply validate a pipeline file; ``sets`` are ``STAGE.key.path=value``.
+
+    Raises RecipeError for unknown top-level keys, unknown stages, unreadable step recipes,
+    overrides naming a stage that is not in the pipeline, and duplicate run names.
+    """
+    path = Path(path)
+    source = str(path)
+    data = load_yaml(path)
+    for key in data:
+        if key not in PIPELINE_KEYS:
+            close = difflib.get_close_matches(str(key), PIPELINE_KEYS, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(PIPELINE_KEYS)}"
+            raise RecipeError(f"{source}: unknown key '{key}' ({hint})")
+    items = data.get("pipeline")
+    if not isinstance(items, list) or not items:
+        if "stage" in data:
+            raise RecipeError(f"{source}: this is a stage recipe; run it with: "
+                              f"smolforge {data['stage']} --config {source}")
+        raise RecipeError(f"{source}: 'pipeline' must be a non-empty list of steps")
+    base = path.parent
+    steps = [_load_step(item, n, base, source) for n, item in enumerate(items, start=1)]
+    eval_recipe = _load_eval(data["eval"], base, source) if data.get("eval") is not None else None
+
+    present = {s.stage for s in steps} | ({"eval"} if eval_recipe is not None else set())
+    for stage, override in _split_sets(sets, source):
+        if stage not in present:
+            raise RecipeError(
+                f"--set {stage}.{override}: no '{stage}' step in {source} "
+                f"(stages here: {', '.join(sorted(present))})"
+            )
+        for step in steps:
+            if step.stage == stage:
+                step.recipe = apply_overrides(step.recipe, [override], "--set")
+        if stage == "eval" and eval_recipe is not None:
+            eval_recipe = apply_overrides(eval_recipe, [override], "--set")
+
+    seen: dict[str, str] = {}
+    for step in steps:
+        if step.name is not None and step.name in seen:
+            raise RecipeError(
+                f"{source}: {step.label} and {seen[step.name]} both write run '{step.name}'; "
+                "give each step its own name"
+            )
+        if step.name is not None:
+            seen[step.name] = step.label
+    return Pipeline(path, steps, eval_recipe)
+
+
+# --------------------------------------------------------------------------- running
+
+
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    env.setdefault("HF_DATASETS_OFFLINE", "1")
+    here = str(Path(__file__).resolve().parent.parent)  # so the child finds this smolforge
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,
+              quiet_stdout: bool) -> tuple[int, str | None]:
+    """Run one step in a subprocess; returns (exit code, run name or None if unknown)."""
+    config = tmp / f"{n:02d}-{step.stage}.yaml"
+    result = tmp / f"{n:02d}-{step.stage}.result.json"
+    config.write_text(yaml.safe_dump(step.recipe, sort_keys=False), encoding="utf-8")
+    cmd = [sys.executable, "-m", "smolforge", "--runs-dir", str(root)]
+    cmd += ["--debug"] if debug else []
+    cmd += [step.stage, "--config", str(config), "--result-json", str(result)]
+    cmd += ["--overwrite"] if overwrite else []
+    sys.stdout.flush()
+    sys.stderr.flush()
+    proc = subprocess.run(cmd, env=_child_env(), stdout=2 if quiet_stdout else None, check=False)
+    name = step.name
+    try:
+        name = json.loads(result.read_text(encoding="utf-8")).get("name") or name
+    except (OSError, ValueError):
+        pass
+    return proc.returncode, name
+
+
+def run_pipeline(
+    pipeline: Pipeline,
+    root: str | Path,
+    *,
+    overwrite: bool = False,
+    debug: bool = False,
+    as_json: bool = False,
+    out: TextIO | None = None,
+) -> list[dict]:
+    """Run every step (and the eval after each model step); print the summary; return its rows.
+
+    With ``as_json`` the stage output goes to stderr and stdout gets one JSON object.
+    A failing step prints the summary so far and raises RunError.
+    """
+    out = out or sys.stdout
+    root = Path(root).resolve()
+    done: list[tuple[Step, str | None]] = []
+    n = 0
+    with tempfile.TemporaryDirectory(prefix="smolforge-pipeline-") as tmpdir:
+        queue = list(pipeline.steps)
+        while queue:
+            step = queue.pop(0)
+            n += 1
+            code, name = _run_step(step, n, root, Path(tmpdir), overwrite=overwrite,
+                                   debug=debug, quiet_stdout=as_json)
+            done.append((step, name))
+            if code != 0:
+                rows = summary(done, root)
+                _print_summary(rows, as_json, out)
+                what = f"stage {step.stage}, run {name}" if name else f"stage {step.stage}"
+                record = root / name / "run.json" if name else None
+                see = "; see the output above" + (
+                    f" and {record}" if record is not None and record.is_file() else "")
+                raise RunError(f"pipeline {step.label} ({what}) failed with exit code {code}{see}")
+            if step.stage in MODEL_STAGES and pipeline.eval is not None and name:
+                queue.insert(0, pipeline.eval_step(step, name))
+    rows = summary(done, root)
+    _print_summary(rows, as_json, out)
+    return rows
+
+
+# --------------------------------------------------------------------------- summary
+
+
+def _is_score(key: str) -> bool:
+    if "/" not in key or key.startswith(("train/", "eval/")):
+        return False
+    return not key.endswith(("/random", "/stderr", "_stderr"))
+
+
+def score_columns(metrics_list: Iterable[dict]) -> list[str]:
+    """Eval-score keys (``task/metric``) across runs, in first-seen order.
+
+    >>> score_columns([{"train/tokens": 5, "arc/acc": 0.4, "arc/random": 0.25, "arc/stderr": 0.1}])
+    ['arc/acc']
+    """
+    cols: dict[str, None] = {}
+    for metrics in metrics_list:
+        for key in metrics:
+            if _is_score(str(key)):
+                cols[str(key)] = None
+    return list(cols)
+
+
+def summary(done: list[tuple[Step, str | None]], root: Path) -> list[dict]:
+    """One dict per step run: stage, run, status, wall_s, tokens, metrics (read from run.json)."""
+    rows = []
+    for step, name in done:
+        info: dict = {}
+        if name:
+            try:
+                info = Run(Path(root) / name).info
+            except RunError:
+                info = {}
+        metrics = dict(info.get("metrics") or {})
+        rows.append({
+            "stage": step.stage,
+            "run": name,
+            "status": info.get("status", "missing" if name else "not started"),
+            "wall_s": wall_seconds(info),
+            "tokens": metrics.get("train/tokens"),
+            "metrics": metrics,
+        })
+    return rows
+
+
+def _score_cell(metrics: dict, key: str) -> str | None:
+    value = metrics.get(key)
+    if value is None:
+        return None
+    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    baseline = metrics.get(f"{key.split('/', 1)[0]}/random")
+    if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
+        text += f" (rnd {baseline:.3f})"
+    return text
+
+
+def _print_summary(rows: list[dict], as_json: bool, out: TextIO) -> None:
+    if as_json:
+        print(json.dumps({"steps": rows}, default=str), file=out)
+        return
+    shown = [r for r in rows if r["stage"] != "eval"] or rows
+    cols = score_columns(r["metrics"] for r in shown)
+    headers = ["stage", "run", "status", "wall s", "tokens", *cols]
+    table = [
+        [r["stage"], r["run"], r["status"], r["wall_s"], r["tokens"],
+         *(_score_cell(r["metrics"], c) for c in cols)]
+        for r in shown
+    ]
+    print(file=out)
+    print_table(headers, table, title="pipeline summary", file=out)

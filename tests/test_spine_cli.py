@@ -1,0 +1,337 @@
+"""The CLI edge and the pipeline runner, driven through tiny fake stages (no torch needed).
+
+Fake stage modules are written into tmp_path and plugged in with $SMOLFORGE_EXTRA_STAGES,
+which also replaces the built-in pretrain/sft/eval stages for the pipeline subprocesses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from smolforge.cli import extra_overrides, lineage_lines, main
+from smolforge.errors import RecipeError
+from smolforge.pipeline import load_pipeline
+from smolforge.runs import Runs
+
+REPO = Path(__file__).resolve().parents[1]
+
+TRAIN_STAGE = '''
+"""Fake {stage} stage for the spine tests."""
+from __future__ import annotations
+from dataclasses import dataclass, field
+from smolforge.errors import DataError
+from smolforge.recipe import to_dict
+
+
+@dataclass
+class Trainer:
+    max_steps: int = 2        # steps to "train"
+    learning_rate: float = 1e-3
+
+
+@dataclass
+class Recipe:
+    name: str = "{stage}-fake"     # run name
+    parent: str | None = None      # parent run
+    fail: bool = False             # raise DataError inside the run
+    tokens: int = 100              # reported as train/tokens
+    trainer: Trainer = field(default_factory=Trainer)
+
+
+def defaults():
+    return {{"trainer": {{"learning_rate": 0.01}}}}
+
+
+def validate(recipe, runs):
+    if recipe.parent:
+        runs.get(recipe.parent)
+
+
+def run(recipe, runs, *, overwrite=False):
+    parents = [runs.get(recipe.parent)] if recipe.parent else []
+    with runs.start("{stage}", recipe.name, to_dict(recipe), parents=parents, overwrite=overwrite) as run:
+        for step in range(recipe.trainer.max_steps):
+            run.log(step, loss=1.0 / (step + 1))
+        if recipe.fail:
+            raise DataError("fake failure inside the stage")
+        run.finish({{"train/tokens": recipe.tokens, "train/loss": 0.5}})
+    return run
+'''
+
+EVAL_STAGE = '''
+"""Fake eval stage: scores the run named by `run` and writes them into it."""
+from __future__ import annotations
+from dataclasses import dataclass
+from smolforge.recipe import to_dict
+
+
+@dataclass
+class Recipe:
+    name: str = "eval-fake"
+    run: str = ""            # the run to evaluate
+    score: float = 0.25
+
+
+def validate(recipe, runs):
+    runs.get(recipe.run)
+
+
+def run(recipe, runs, *, overwrite=False):
+    target = runs.get(recipe.run)
+    scores = {"toy/acc": recipe.score, "toy/random": 0.125, "toy/stderr": 0.01,
+              "eval/seconds": 1.0}
+    with runs.start("eval", recipe.name, to_dict(recipe), parents=[target], overwrite=overwrite) as run:
+        target.update_metrics(scores)
+        run.finish(scores)
+    return run
+'''
+
+
+@pytest.fixture
+def fake_env(tmp_path, monkeypatch):
+    """Fake pretrain/sft/eval stages importable here and in subprocesses; runs under tmp_path."""
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    (plugins / "fake_pretrain.py").write_text(TRAIN_STAGE.format(stage="pretrain"))
+    (plugins / "fake_sft.py").write_text(TRAIN_STAGE.format(stage="sft"))
+    (plugins / "fake_eval.py").write_text(EVAL_STAGE)
+    stages = "pretrain=fake_pretrain,sft=fake_sft,eval=fake_eval"
+    monkeypatch.setenv("SMOLFORGE_EXTRA_STAGES", stages)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(plugins), str(REPO)]))
+    monkeypatch.syspath_prepend(str(plugins))
+    monkeypatch.setenv("SMOLFORGE_RUNS", str(tmp_path / "runs"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def smolforge(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "smolforge", *args], capture_output=True,
+                          text=True, cwd=cwd, timeout=60)
+
+
+# --------------------------------------------------------------------------- the edge
+
+
+def test_help_is_fast_and_imports_no_torch():
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-m", "smolforge", "--help"], capture_output=True,
+                         text=True, env=env, timeout=30)
+    elapsed = time.perf_counter() - start
+    assert out.returncode == 0 and "pipeline" in out.stdout and "lineage" in out.stdout
+    assert elapsed < 2.0, f"smolforge --help took {elapsed:.2f}s"
+    probe = subprocess.run(
+        [sys.executable, "-c", "import smolforge.cli, smolforge.pipeline, sys; "
+         "print(sorted({'torch', 'transformers', 'trl', 'rich'} & set(sys.modules)))"],
+        capture_output=True, text=True, env=env, timeout=30)
+    assert probe.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("command", ["pipeline", "sft", "dpo", "data", "pretrain", "eval", "runs", "lineage"])
+def test_every_command_help_shows_an_example(command, capsys):
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "example:\n  smolforge " in out
+
+
+def test_misspelled_key_exits_2_without_traceback(fake_env):
+    recipe = fake_env / "sft.yaml"
+    recipe.write_text("stage: sft\nname: s\ntrainer:\n  max_stpes: 3\n")
+    out = smolforge("sft", "--config", str(recipe))
+    assert out.returncode == 2
+    assert out.stderr.strip() == (f"RecipeError: {recipe}: unknown key 'trainer.max_stpes' "
+                                  "(did you mean 'trainer.max_steps'?)")
+    assert "Traceback" not in out.stderr
+    debug = smolforge("--debug", "sft", "--config", str(recipe))
+    assert debug.returncode == 2 and "Traceback" in debug.stderr
+
+
+def test_stage_command_runs_and_reports(fake_env, capsys):
+    recipe = fake_env / "pre.yaml"
+    recipe.write_text("stage: pretrain\nname: p1\n")
+    assert main(["pretrain", "--config", str(recipe), "--set", "tokens=7",
+                 "--max_steps", "3", "--learning_rate=5e-4"]) == 0
+    out = capsys.readouterr().out
+    run_dir = fake_env / "runs" / "p1"
+    assert out.strip() == f"run p1 done → {run_dir}"
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["recipe"]["trainer"] == {"max_steps": 3, "learning_rate": 5e-4}
+    assert info["metrics"]["train/tokens"] == 7
+    # second time: already exists → RunError, exit 2; --overwrite replaces it
+    assert main(["pretrain", "--config", str(recipe)]) == 2
+    assert "RunError: run 'p1' already exists (status done)" in capsys.readouterr().err
+    assert main(["pretrain", "--config", str(recipe), "--overwrite"]) == 0
+
+
+def test_stage_mismatch_and_missing_parent_are_errors(fake_env, capsys):
+    recipe = fake_env / "sft.yaml"
+    recipe.write_text("stage: sft\nname: s\nparent: nope\n")
+    assert main(["pretrain", "--config", str(recipe)]) == 2
+    assert "recipe is for stage 'sft', not 'pretrain'" in capsys.readouterr().err
+    assert main(["sft", "--config", str(recipe)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("RunError: run 'nope' not found under ")
+    assert not (fake_env / "runs" / "s").exists()  # validate ran before any work
+
+
+def test_extra_flags_map_to_trainer_or_top_level():
+    top = ["name", "parent", "trainer"]
+    assert extra_overrides(["--parent", "p", "--max-steps", "4", "--bf16"], top, True) == [
+        "parent=p", "trainer.max_steps=4", "trainer.bf16=true"]
+    assert extra_overrides(["--x=1"], ["x"], False) == ["x=1"]
+    with pytest.raises(RecipeError):
+        extra_overrides(["stray"], top, True)
+
+
+def test_runs_and_lineage_commands(fake_env, capsys):
+    runs = Runs(fake_env / "runs")
+    with runs.start("data", "data-demo", {}) as d:
+        pass
+    with runs.start("pretrain", "pretrain-demo", {}, parents=[d]) as p:
+        pass
+    with runs.start("sft", "sft-demo", {}, parents=[p, d]):
+        pass
+    assert main(["runs"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0].split() == ["name", "stage", "status", "started", "wall", "s", "parents"]
+    assert "sft-demo" in out and "pretrain-demo, data-demo" in out
+    assert main(["runs", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in listed["runs"]] == ["data-demo", "pretrain-demo", "sft-demo"]
+
+    assert main(["lineage", "sft-demo"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "sft-demo (sft, done)",
+        "├─ pretrain-demo (pretrain, done)",
+        "│  └─ data-demo (data, done)",
+        "└─ data-demo (data, done)",
+    ]
+    assert main(["lineage", "sft-demo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["parents"][0]["name"] == "pretrain-demo"
+    assert main(["lineage", "sft-dem"]) == 2
+    assert "did you mean 'sft-demo'?" in capsys.readouterr().err
+
+
+def test_lineage_lines_show_missing_parents():
+    tree = {"name": "a", "stage": "sft", "status": "done",
+            "parents": [{"name": "gone", "stage": None, "status": "missing", "parents": []}]}
+    assert lineage_lines(tree) == ["a (sft, done)", "└─ gone (missing)"]
+
+
+# --------------------------------------------------------------------------- pipelines
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_pipeline_validation_errors(fake_env):
+    f = write(fake_env / "p.yaml", "pipeline:\n  - {stage: sft, name: a}\npipline: []\n")
+    with pytest.raises(RecipeError, match=r"p.yaml: unknown key 'pipline' \(did you mean 'pipeline'\?\)"):
+        load_pipeline(f)
+    write(f, "pipeline:\n  - {stage: stf, name: a}\n")
+    with pytest.raises(RecipeError, match=r"p.yaml: pipeline step 1: unknown stage 'stf' \(did you mean 'sft'"):
+        load_pipeline(f)
+    write(f, "pipeline:\n  - missing.yaml\n")
+    with pytest.raises(RecipeError, match=r"missing.yaml: recipe file not found"):
+        load_pipeline(f)
+    write(f, "pipeline:\n  - {stage: sft, name: a}\n")
+    with pytest.raises(RecipeError, match=r"--set dpo.trainer.beta=0.2: no 'dpo' step in .*stages here: sft"):
+        load_pipeline(f, ["dpo.trainer.beta=0.2"])
+    with pytest.raises(RecipeError, match=r"must look like STAGE.key.path=value"):
+        load_pipeline(f, ["max_steps=3"])
+    write(f, "pipeline:\n  - {stage: sft, name: a}\n  - {stage: sft, name: a}\n")
+    with pytest.raises(RecipeError, match=r"step 2 and step 1 both write run 'a'"):
+        load_pipeline(f)
+    write(f, "pipeline:\n  - {recipe: s.yaml, sett: {}}\n")
+    with pytest.raises(RecipeError, match=r"unknown key 'sett' \(did you mean 'set'\?\)"):
+        load_pipeline(f)
+
+
+def test_pipeline_overrides_reach_the_right_steps(fake_env):
+    write(fake_env / "pre.yaml", "stage: pretrain\nname: p1\n")
+    f = write(fake_env / "p.yaml", """\
+        pipeline:
+          - recipe: pre.yaml
+            set: {trainer.max_steps: 5}
+          - {stage: sft, name: s1, parent: p1}
+        eval: {name: "{run}-scored"}
+        """)
+    pipe = load_pipeline(f, ["sft.trainer.learning_rate=1e-5", "eval.score=0.5"])
+    assert pipe.steps[0].recipe == {"stage": "pretrain", "name": "p1", "trainer": {"max_steps": 5}}
+    assert pipe.steps[1].recipe["trainer"] == {"learning_rate": "1e-5"}
+    ev = pipe.eval_step(pipe.steps[1], "s1")
+    assert ev.recipe == {"name": "s1-scored", "stage": "eval", "score": 0.5, "run": "s1"}
+
+
+def test_pipeline_runs_steps_in_subprocesses_with_eval(fake_env):
+    write(fake_env / "pre.yaml", "stage: pretrain\nname: p1\ntokens: 1000\n")
+    f = write(fake_env / "pipe.yaml", """\
+        pipeline:
+          - pre.yaml
+          - {stage: sft, name: s1, parent: p1, tokens: 50}
+        eval: {stage: eval}
+        """)
+    out = smolforge("pipeline", str(f), "--set", "eval.score=0.412", cwd=fake_env)
+    assert out.returncode == 0, out.stderr
+    runs = Runs(fake_env / "runs")
+    assert {r.name for r in runs.list()} == {"p1", "s1", "eval-p1", "eval-s1"}
+    assert runs.get("s1").parents == ["p1"]
+    assert runs.get("s1").metrics["toy/acc"] == 0.412
+    table = out.stdout[out.stdout.index("pipeline summary"):].splitlines()
+    assert table[1].split()[:7] == ["stage", "run", "status", "wall", "s", "tokens", "toy/acc"]
+    assert table[3].split()[:3] == ["pretrain", "p1", "done"]
+    assert "1000" in table[3] and "0.412 (rnd 0.125)" in table[3]
+    assert table[4].split()[:3] == ["sft", "s1", "done"] and "0.412 (rnd 0.125)" in table[4]
+
+    again = smolforge("pipeline", str(f), "--overwrite", "--json", cwd=fake_env)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout)  # stage output went to stderr: stdout is one JSON object
+    assert [(s["stage"], s["run"], s["status"]) for s in summary["steps"]] == [
+        ("pretrain", "p1", "done"), ("eval", "eval-p1", "done"),
+        ("sft", "s1", "done"), ("eval", "eval-s1", "done")]
+    assert summary["steps"][0]["tokens"] == 1000 and summary["steps"][0]["wall_s"] >= 0
+
+
+def test_failing_pipeline_step_stops_the_pipeline(fake_env):
+    f = write(fake_env / "pipe.yaml", """\
+        pipeline:
+          - {stage: pretrain, name: p1}
+          - {stage: sft, name: s1, parent: p1, fail: true}
+          - {stage: sft, name: s2, parent: s1}
+        """)
+    out = smolforge("pipeline", str(f), cwd=fake_env)
+    assert out.returncode == 2
+    runs_dir = (fake_env / "runs").resolve()
+    assert out.stderr.strip().splitlines()[-1] == (
+        "RunError: pipeline step 2 (stage sft, run s1) failed with exit code 2; "
+        f"see the output above and {runs_dir / 's1' / 'run.json'}")
+    assert "DataError: fake failure inside the stage" in out.stderr  # the step's own message
+    info = json.loads((runs_dir / "s1" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"] == "DataError: fake failure inside the stage"
+    assert not (runs_dir / "s2").exists()
+    assert "s1" in out.stdout and "failed" in out.stdout  # summary so far was printed
+
+
+def test_pipeline_step_failing_validation_names_the_step(fake_env):
+    f = write(fake_env / "pipe.yaml", "pipeline:\n  - {stage: sft, name: s1, parent: ghost}\n")
+    out = smolforge("pipeline", str(f), cwd=fake_env)
+    assert out.returncode == 2
+    assert "RunError: run 'ghost' not found" in out.stderr
+    assert "pipeline step 1 (stage sft, run s1) failed with exit code 2" in out.stderr
+
+
+def test_stage_defaults_survive_a_partial_trainer_mapping(fake_env, capsys):
+    recipe = fake_env / "pre.yaml"
+    recipe.write_text("stage: pretrain\nname: p2\ntrainer:\n  max_steps: 1\n")
+    assert main(["pretrain", "--config", str(recipe)]) == 0
+    info = json.loads((fake_env / "runs" / "p2" / "run.json").read_text())
+    assert info["recipe"]["trainer"] == {"max_steps": 1, "learning_rate": 0.01}
