@@ -7,7 +7,7 @@ Runs lm-eval's ``simple_evaluate`` in-process on the HF model in ``runs/<run>/mo
 tasks as raw text, chat tasks (``metadata.chat`` in the task YAML) through the tokenizer's chat
 template. Writes ``runs/<run>/eval/<suite>.json`` (scores, stderr, random baselines, settings),
 ``eval/<suite>-samples.jsonl`` (every prompt and answer), merges ``<task>/<metric>`` scores and
-``<task>/random`` baselines into the run's ``run.json`` metrics, and prints a table.
+``<task>/<metric>/random`` baselines (primary metric) into the run's ``run.json`` metrics, and prints a table.
 """
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def _metrics_for_run(suite: Suite, scores: dict) -> dict:
                     flat[f"{task}/{metric.removesuffix('_stderr')}/stderr"] = value
             else:
                 flat[f"{task}/{metric}"] = value
-        flat[f"{task}/random"] = spec.random_baseline
+        flat[f"{task}/{spec.primary}/random"] = spec.random_baseline
     return flat
 
 

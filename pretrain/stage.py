@@ -12,8 +12,10 @@ One process unless launched by ``torchrun``/``deepspeed`` (each rank reads its o
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 
@@ -78,28 +80,56 @@ def validate(recipe: Recipe, runs: Runs) -> None:
                           f"and num_heads by num_kv_heads {m.num_kv_heads}")
 
 
-def _init_distributed():
-    """Single-process defaults for the env:// rendezvous; launchers set these themselves."""
+@contextlib.contextmanager
+def distributed():
+    """DeepSpeed's process group for this stage; single-process defaults when no launcher set them.
+
+    The env:// variables it sets are restored afterwards, so later in-process stages (TRL
+    trainers) do not mistake this process for a rank of a finished job.
+    """
     import socket
 
+    import torch
+
+    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
     if "RANK" not in os.environ:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port))
-    import torch
-
     if not torch.cuda.is_available():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
     if int(os.environ["WORLD_SIZE"]) == 1:
         # The shared-memory comm op only speeds up multi-process CPU runs; skip its JIT build.
-        import sys
         sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    return deepspeed
+    try:
+        yield deepspeed
+    finally:
+        if torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        _forget_deepspeed_groups()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _forget_deepspeed_groups() -> None:
+    """DeepSpeed caches process groups in module globals; after the group is destroyed they would
+    break the next engine built in this process (tests, notebooks), so drop them."""
+    import torch.distributed as dist
+    from deepspeed.utils import groups
+
+    for attr, value in vars(groups).items():
+        if isinstance(value, dist.ProcessGroup):
+            setattr(groups, attr, None)
+        elif attr.endswith("_GROUP") and isinstance(value, dict):
+            value.clear()
 
 
 def ds_config(t: TrainSpec, world_size: int) -> dict:
@@ -164,8 +194,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     rows = load_rows(recipe, data_run, tokenizer)
     fingerprints = dict(data_run.info.get("data_fingerprints", {}))
     with runs.start("pretrain", recipe.name, to_dict(recipe), parents=[data_run],
-                    data_fingerprints=fingerprints, overwrite=overwrite) as run:
-        deepspeed = _init_distributed()
+                    data_fingerprints=fingerprints, overwrite=overwrite) as run, distributed() as deepspeed:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         model = build_model(recipe.model, len(tokenizer), seed=t.seed, pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id)
@@ -221,5 +250,4 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                             "train/steps": t.max_steps, "train/tokens": t.max_steps * tokens_per_step,
                             "train/params": n_params, "train/seconds": round(seconds, 1),
                             "train/tokens_per_s": round(t.max_steps * tokens_per_step / seconds, 1)})
-        torch.distributed.destroy_process_group()
     return run

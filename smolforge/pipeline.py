@@ -292,7 +292,7 @@ def run_pipeline(
 
 
 def _is_score(key: str) -> bool:
-    if "/" not in key or key.startswith(("train/", "eval/")):
+    if "/" not in key or key.startswith(("train/", "eval/", "data/")):
         return False
     return not key.endswith(("/random", "/stderr", "_stderr"))
 
@@ -300,7 +300,7 @@ def _is_score(key: str) -> bool:
 def score_columns(metrics_list: Iterable[dict]) -> list[str]:
     """Eval-score keys (``task/metric``) across runs, in first-seen order.
 
-    >>> score_columns([{"train/tokens": 5, "arc/acc": 0.4, "arc/random": 0.25, "arc/stderr": 0.1}])
+    >>> score_columns([{"train/tokens": 5, "arc/acc": 0.4, "arc/acc/random": 0.25, "arc/acc/stderr": 0.1}])
     ['arc/acc']
     """
     cols: dict[str, None] = {}
@@ -338,7 +338,7 @@ def _score_cell(metrics: dict, key: str) -> str | None:
     if value is None:
         return None
     text = f"{value:.3f}" if isinstance(value, float) else str(value)
-    baseline = metrics.get(f"{key.split('/', 1)[0]}/random")
+    baseline = metrics.get(f"{key}/random")  # written by the eval stage for a task's primary metric
     if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
         text += f" (rnd {baseline:.3f})"
     return text

@@ -85,7 +85,7 @@ def validate(recipe, runs):
 
 def run(recipe, runs, *, overwrite=False):
     target = runs.get(recipe.run)
-    scores = {"toy/acc": recipe.score, "toy/random": 0.125, "toy/stderr": 0.01,
+    scores = {"toy/acc": recipe.score, "toy/acc/random": 0.125, "toy/acc/stderr": 0.01,
               "eval/seconds": 1.0}
     with runs.start("eval", recipe.name, to_dict(recipe), parents=[target], overwrite=overwrite) as run:
         target.update_metrics(scores)

@@ -1,0 +1,76 @@
+"""Shared fixtures: a tiny world, trained through every real stage once per session.
+
+Sizes are chosen so each stage takes seconds on 2 CPU cores; the demo recipes are overridden,
+not copied, so the tests exercise the same code paths and defaults `make demo` uses.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe  # noqa: E402
+from smolforge.registry import load_stage  # noqa: E402
+from smolforge.runs import Runs  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+DEMO = REPO / "recipes" / "demo"
+
+# Overrides that shrink each demo recipe to a seconds-long run.
+TINY = {
+    "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48},
+             "tokenizer": {"vocab_size": 400}},
+    "pretrain": {"model": {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2,
+                           "num_kv_heads": 1, "max_position_embeddings": 128},
+                 "train": {"max_steps": 12, "micro_batch_size": 4, "seq_len": 64, "warmup_steps": 2,
+                           "log_every": 2, "save_every": 6}},
+    "sft": {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64,
+                        "logging_steps": 1, "learning_rate": 1e-3}},
+    "dpo": {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64,
+                        "logging_steps": 1}},
+    "eval": {"limit": 8, "batch_size": 8},
+}
+
+
+def tiny_recipe(stage: str, **changes):
+    """The demo recipe of ``stage`` shrunk by TINY, with ``changes`` laid on top."""
+    _, data = load_recipe(DEMO / f"{stage}.yaml")
+    data = deep_merge(deep_merge(data, TINY[stage]), changes)
+    return build_stage_recipe(load_stage(stage), data, source=f"{stage} (test)")
+
+
+def run_stage(stage: str, runs: Runs, **changes):
+    module = load_stage(stage)
+    recipe = tiny_recipe(stage, **changes)
+    module.validate(recipe, runs)
+    return module.run(recipe, runs, overwrite=True)
+
+
+@pytest.fixture(scope="session")
+def runs(tmp_path_factory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("runs"))
+
+
+@pytest.fixture(scope="session")
+def data_run(runs):
+    return run_stage("data", runs)
+
+
+@pytest.fixture(scope="session")
+def pretrain_run(runs, data_run):
+    return run_stage("pretrain", runs)
+
+
+@pytest.fixture(scope="session")
+def sft_run(runs, pretrain_run):
+    return run_stage("sft", runs)
+
+
+@pytest.fixture(scope="session")
+def dpo_run(runs, sft_run):
+    return run_stage("dpo", runs)

@@ -1,0 +1,101 @@
+"""Bad input: a clear message naming file/line/field, exit code 2, and no run that looks done."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DEMO, REPO, run_stage
+from smolforge.cli import main
+
+
+def cli(runs, *args) -> int:
+    return main(["--runs-dir", str(runs.root), *args])
+
+
+def write(path, text):
+    path.write_text(text)
+    return path
+
+
+def test_misspelled_recipe_key_names_file_key_and_closest_key(tmp_path, runs, capsys):
+    recipe = write(tmp_path / "sft.yaml", (DEMO / "sft.yaml").read_text().replace("max_steps:", "max_step:"))
+    code = cli(runs, "sft", "--config", str(recipe), "--set", "name=typo-run")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"RecipeError: {recipe}: unknown key 'trainer.max_step' (did you mean 'trainer.max_steps'?)" in err
+    assert "Traceback" not in err
+    assert not (runs.root / "typo-run").exists()
+
+
+def test_misspelled_key_exits_nonzero_from_the_shell(tmp_path):
+    recipe = write(tmp_path / "pre.yaml", "stage: pretrain\nname: x\ntrain:\n  max_stepz: 3\n")
+    proc = subprocess.run([sys.executable, "-m", "smolforge", "--runs-dir", str(tmp_path / "runs"), "pretrain",
+                           "--config", str(recipe)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "unknown key 'train.max_stepz' (did you mean 'train.max_steps'?)" in proc.stderr
+    assert not (tmp_path / "runs" / "x").exists()
+
+
+def test_malformed_jsonl_line_names_file_and_line(tmp_path, runs, capsys):
+    good = json.dumps({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]})
+    sft_file = write(tmp_path / "chats.jsonl", good + "\n" + '{"messages": [oops}\n')
+    recipe = write(tmp_path / "data.yaml", f"stage: data\nname: bad-data\nsources:\n  sft: {sft_file}\n")
+    code = cli(runs, "data", "--config", str(recipe))
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"DataError: {sft_file} line 2: not valid JSON" in err
+    assert not (runs.root / "bad-data").exists()
+
+
+def test_preference_row_missing_rejected_is_refused_before_training(tmp_path, runs, sft_run, capsys):
+    row = {"prompt": [{"role": "user", "content": "What is 1 plus 1?"}],
+           "chosen": [{"role": "assistant", "content": "1 plus 1 is 2."}]}
+    prefs = write(tmp_path / "prefs.jsonl", json.dumps(row) + "\n")
+    code = cli(runs, "dpo", "--config", str(DEMO / "dpo.yaml"), "--set", f"data={prefs}",
+               "--set", f"parent={sft_run.name}", "--set", "name=dpo-bad")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert f"DataError: {prefs} line 1: field 'rejected' is missing (expected prompt, chosen, rejected)" in err
+    assert not (runs.root / "dpo-bad").exists()
+
+
+def test_missing_parent_run_is_named_with_known_runs(runs, sft_run, capsys):
+    code = cli(runs, "dpo", "--config", str(DEMO / "dpo.yaml"), "--set", "parent=sft-dmeo", "--set", "name=dpo-orphan")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "RunError: run 'sft-dmeo' not found" in err and sft_run.name in err
+    assert not (runs.root / "dpo-orphan").exists()
+
+
+def test_failed_parent_run_cannot_be_built_on(runs, data_run, capsys):
+    # A pretraining run whose loss turns NaN (a NaN norm epsilon) is marked failed...
+    with pytest.raises(RuntimeError, match="loss became nan"):
+        run_stage("pretrain", runs, name="pretrain-diverged", model={"extra": {"rms_norm_eps": float("nan")}},
+                  train={"max_steps": 6, "save_every": 0})
+    failed = json.loads((runs.root / "pretrain-diverged" / "run.json").read_text())
+    assert failed["status"] == "failed" and "loss became" in failed["error"]
+    assert not (runs.root / "pretrain-diverged" / "model").exists()
+    # ...and a stage asked to start from it refuses, naming the reason.
+    code = cli(runs, "sft", "--config", str(DEMO / "sft.yaml"), "--set", "parent=pretrain-diverged",
+               "--set", "name=sft-on-failed")
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "RunError: run 'pretrain-diverged' failed" in err
+    assert not (runs.root / "sft-on-failed").exists()
+
+
+def test_existing_run_is_not_overwritten_without_the_flag(runs, data_run, capsys):
+    before = (data_run.path / "run.json").read_text()
+    code = cli(runs, "data", "--config", str(DEMO / "data.yaml"), "--set", f"name={data_run.name}")
+    assert code == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (data_run.path / "run.json").read_text() == before
+
+
+def test_cli_help_shows_a_runnable_example():
+    proc = subprocess.run([sys.executable, "-m", "smolforge", "dpo", "--help"], capture_output=True, text=True,
+                          cwd=REPO, timeout=60)
+    assert proc.returncode == 0 and "smolforge dpo --config recipes/demo/dpo.yaml" in proc.stdout
