@@ -9,12 +9,11 @@
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from smolforge.errors import DataError
+from smolforge.runs import atomic_writer
 
 
 def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
@@ -37,14 +36,6 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
     """Write rows atomically (temp file in the same folder, then rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            for row in rows:
-                handle.write(json.dumps(row, ensure_ascii=False) + "\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as handle:
+        for row in rows:
+            handle.write(json.dumps(row, ensure_ascii=False) + "\n")

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 
 from smolforge.errors import RecipeError, RunError
-from smolforge.runs import Run, Runs, write_json_atomic
+from smolforge.runs import Run, Runs, atomic_writer, write_json_atomic
 from smolforge.table import render_table
 
 from .suite import Suite, load_suite
@@ -122,10 +122,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                       "random_baseline": suite.tasks[t].random_baseline, "documents": suite.tasks[t].size}
                   for t in task_names}}
     write_json_atomic(target.eval_dir / f"{suite.name}.json", result)
-    samples_path = target.eval_dir / f"{suite.name}-samples.jsonl"
-    tmp = samples_path.with_suffix(".tmp")
-    tmp.write_text("".join(json.dumps(s, default=str) + "\n" for s in samples), encoding="utf-8")
-    tmp.replace(samples_path)
+    with atomic_writer(target.eval_dir / f"{suite.name}-samples.jsonl") as handle:
+        handle.writelines(json.dumps(s, default=str) + "\n" for s in samples)
     target.update_metrics({**_metrics_for_run(suite, scores), "eval/seconds": seconds})
     rows = []
     for t in task_names:

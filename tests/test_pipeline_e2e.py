@@ -1,0 +1,91 @@
+"""The demo pipeline end to end through the shell, shrunk by overrides: data → pretrain → SFT →
+DPO with an eval after each model stage, then `runs` and `lineage` on the result."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import DEMO, REPO, TINY
+
+
+def flatten(prefix: str, tree: dict) -> list[str]:
+    items = []
+    for key, value in tree.items():
+        if isinstance(value, dict) and key != "extra":
+            items += flatten(f"{prefix}.{key}", value)
+        else:
+            items.append(f"{prefix}.{key}={json.dumps(value)}")
+    return items
+
+
+def smolforge(runs_dir, *args, timeout=600):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-m", "smolforge", "--runs-dir", str(runs_dir), *args],
+                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def pipeline_result(tmp_path_factory):
+    runs_dir = tmp_path_factory.mktemp("pipeline-runs")
+    sets = [item for stage, tree in TINY.items() for item in flatten(stage, tree)]
+    args = ["pipeline", str(DEMO / "pipeline.yaml"), "--json"]
+    for item in sets:
+        args += ["--set", item]
+    proc = smolforge(runs_dir, *args)
+    return runs_dir, proc
+
+
+def test_demo_pipeline_runs_every_stage_and_scores_each_model(pipeline_result):
+    runs_dir, proc = pipeline_result
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(proc.stdout)
+    model_steps = [s for s in summary["steps"] if s["stage"] in ("pretrain", "sft", "dpo")]
+    assert [s["run"] for s in model_steps] == ["pretrain-demo", "sft-demo", "dpo-demo"]
+    for step in model_steps:
+        assert step["status"] == "done" and step["tokens"] > 0 and step["wall_s"] > 0
+        for key in ("facts/acc", "arith/acc", "instruct/exact_match", "prefs/acc", "prefs/margin"):
+            assert key in step["metrics"], (step["run"], key)
+        assert step["metrics"]["facts/acc/random"] == 0.125
+    statuses = {json.loads((p / "run.json").read_text())["status"] for p in runs_dir.iterdir() if p.is_dir()}
+    assert statuses == {"done"}
+
+
+def test_lineage_walks_from_dpo_back_to_the_data(pipeline_result):
+    runs_dir, _ = pipeline_result
+    proc = smolforge(runs_dir, "lineage", "dpo-demo")
+    assert proc.returncode == 0, proc.stderr
+    names = [line.strip(" │├└─").split(" ")[0] for line in proc.stdout.splitlines() if line.strip()]
+    assert names[:4] == ["dpo-demo", "sft-demo", "pretrain-demo", "data-demo"]
+    tree = json.loads(smolforge(runs_dir, "lineage", "dpo-demo", "--json").stdout)
+    chain, node = [], tree
+    while node:
+        chain.append((node["name"], node["stage"]))
+        node = node["parents"][0] if node["parents"] else None
+    assert chain == [("dpo-demo", "dpo"), ("sft-demo", "sft"), ("pretrain-demo", "pretrain"), ("data-demo", "data")]
+
+
+def test_runs_lists_every_run_with_its_status(pipeline_result):
+    runs_dir, _ = pipeline_result
+    listed = json.loads(smolforge(runs_dir, "runs", "--json").stdout)
+    rows = listed["runs"] if isinstance(listed, dict) else listed
+    assert {r["name"]: r["status"] for r in rows} == {
+        "data-demo": "done", "pretrain-demo": "done", "sft-demo": "done", "dpo-demo": "done"}
+
+
+def test_a_failing_step_stops_the_pipeline_and_marks_its_run_failed(tmp_path):
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(f"pipeline:\n  - {DEMO / 'data.yaml'}\n  - {DEMO / 'pretrain.yaml'}\n  - {DEMO / 'sft.yaml'}\n")
+    args = ["pipeline", str(pipeline)]
+    for item in flatten("data", TINY["data"]) + flatten("pretrain", TINY["pretrain"]):
+        args += ["--set", item]
+    args += ["--set", 'pretrain.model.extra={"rms_norm_eps": .nan}']
+    proc = smolforge(tmp_path / "runs", *args)
+    assert proc.returncode == 2
+    assert "pipeline step 2 (stage pretrain, run pretrain-demo) failed" in proc.stderr
+    info = json.loads((tmp_path / "runs" / "pretrain-demo" / "run.json").read_text())
+    assert info["status"] == "failed" and "loss became nan" in info["error"]
+    assert not (tmp_path / "runs" / "sft-demo").exists()
