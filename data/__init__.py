@@ -1,0 +1,1 @@
+"""Data: the synthetic embedded default, JSONL schemas, tokenizer training and packing."""

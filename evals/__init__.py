@@ -1,0 +1,1 @@
+"""Evaluation: lm-eval suites (YAML + JSONL under ``suites/``) scored into run folders."""

@@ -1,0 +1,1 @@
+"""Pretraining: SmolLM3-architecture models trained from scratch on a DeepSpeed engine."""
