@@ -6,9 +6,12 @@
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from smolforge.errors import RunError
+from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs, file_fingerprint
 
 
@@ -81,3 +84,47 @@ def train_summary(trainer, result) -> dict:
         summary["train/first_loss"] = round(losses[0], 5)
         summary["train/last_loss"] = round(losses[-1], 5)
     return summary
+
+
+# What each TRL stage reads: the data kind (file name in a data run) and the row schema.
+STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference")}
+
+
+def validate_inputs(stage: str, recipe, runs: Runs) -> None:
+    """The parent has a model and every data row is valid, before any run folder exists."""
+    from data.schemas import load_rows, resolve_data
+
+    kind, schema = STAGE_DATA[stage]
+    model_parent(runs, recipe.parent)
+    path, _ = resolve_data(recipe.data, runs, kind)
+    load_rows(path, schema)
+
+
+def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
+                      overwrite: bool = False, summarize: Callable[[Any], dict] | None = None) -> Run:
+    """The shape every TRL stage shares: parent model + data → trainer → ``model/`` + summary.
+
+    ``make_trainer(model_dir, dataset, tokenizer, callbacks)`` builds the TRL trainer;
+    ``summarize(trainer)`` adds stage-specific figures to the ``train/*`` summary.
+    """
+    from datasets import Dataset
+
+    from data.schemas import load_rows, resolve_data
+
+    kind, schema = STAGE_DATA[stage]
+    parent = model_parent(runs, recipe.parent)
+    path, data_run = resolve_data(recipe.data, runs, kind)
+    rows = load_rows(path, schema)
+    parents = [parent] + ([data_run] if data_run else [])
+    with runs.start(stage, recipe.name, to_dict(recipe), parents=parents,
+                    data_fingerprints=lineage_fingerprints(parents, {kind: path}), overwrite=overwrite) as run:
+        recipe.trainer.output_dir = str(run.checkpoints_dir)
+        tokenizer = load_tokenizer(parent.model_dir)
+        trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, [run_logger(run)])
+        result = trainer.train()
+        run.save_model(trainer.model, tokenizer)
+        summary = train_summary(trainer, result)
+        if summarize is not None:
+            summary.update(summarize(trainer))
+        run.finish(metrics=summary)
+    return run

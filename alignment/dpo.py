@@ -17,10 +17,9 @@ from dataclasses import dataclass, field
 from trl import DPOConfig
 
 from smolforge.errors import RecipeError
-from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
-from .common import lineage_fingerprints, load_tokenizer, model_parent, run_logger, trainer_defaults, train_summary
+from .common import train_from_parent, trainer_defaults, validate_inputs
 
 log = logging.getLogger(__name__)
 
@@ -40,43 +39,27 @@ class Recipe:
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
-    from data.schemas import load_rows, resolve_data
-
     if recipe.trainer.beta <= 0:
         raise RecipeError(f"trainer.beta must be > 0, got {recipe.trainer.beta}")
     if not 0.1 <= recipe.trainer.beta <= 0.3:
         log.warning("trainer.beta=%s is outside the playbook's 0.1-0.3 range", recipe.trainer.beta)
-    model_parent(runs, recipe.parent)
-    path, _ = resolve_data(recipe.data, runs, "prefs")
-    load_rows(path, "preference")
+    validate_inputs("dpo", recipe, runs)
+
+
+def _final_rewards(trainer) -> dict:
+    last = next((h for h in reversed(trainer.state.log_history) if "rewards/accuracies" in h), {})
+    return {f"train/{key.split('/')[1]}": round(last[key], 5)
+            for key in ("rewards/accuracies", "rewards/margins") if key in last}
 
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import DPOTrainer
 
-    from data.schemas import load_rows, resolve_data
+    def make_trainer(model_dir, dataset, tokenizer, callbacks):
+        # The reference is the parent model itself, loaded twice so the policy can move away from it.
+        return DPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir),
+                          ref_model=AutoModelForCausalLM.from_pretrained(model_dir), args=recipe.trainer,
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
 
-    parent = model_parent(runs, recipe.parent)
-    path, data_run = resolve_data(recipe.data, runs, "prefs")
-    rows = load_rows(path, "preference")
-    config = recipe.trainer
-    parents = [parent] + ([data_run] if data_run else [])
-    with runs.start("dpo", recipe.name, to_dict(recipe), parents=parents,
-                    data_fingerprints=lineage_fingerprints(parents, {"prefs": path}), overwrite=overwrite) as run:
-        config.output_dir = str(run.checkpoints_dir)
-        tokenizer = load_tokenizer(parent.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(parent.model_dir)
-        ref_model = AutoModelForCausalLM.from_pretrained(parent.model_dir)
-        trainer = DPOTrainer(model=model, ref_model=ref_model, args=config, train_dataset=Dataset.from_list(rows),
-                             processing_class=tokenizer, callbacks=[run_logger(run)])
-        result = trainer.train()
-        run.save_model(trainer.model, tokenizer)
-        summary = train_summary(trainer, result)
-        last = next((h for h in reversed(trainer.state.log_history) if "rewards/accuracies" in h), {})
-        for key in ("rewards/accuracies", "rewards/margins"):
-            if key in last:
-                summary[f"train/{key.split('/')[1]}"] = round(last[key], 5)
-        run.finish(metrics=summary)
-    return run
+    return train_from_parent("dpo", recipe, runs, make_trainer, overwrite=overwrite, summarize=_final_rewards)

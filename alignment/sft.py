@@ -12,10 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from trl import SFTConfig
 
-from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
-from .common import lineage_fingerprints, load_tokenizer, model_parent, run_logger, trainer_defaults, train_summary
+from .common import train_from_parent, trainer_defaults, validate_inputs
 
 
 def defaults() -> dict:
@@ -42,33 +41,15 @@ class Recipe:
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
-    from data.schemas import load_rows, resolve_data
-
-    model_parent(runs, recipe.parent)
-    path, _ = resolve_data(recipe.data, runs, "sft")
-    load_rows(path, "chat")
+    validate_inputs("sft", recipe, runs)
 
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    from datasets import Dataset
     from transformers import AutoModelForCausalLM
     from trl import SFTTrainer
 
-    from data.schemas import load_rows, resolve_data
+    def make_trainer(model_dir, dataset, tokenizer, callbacks):
+        return SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=recipe.trainer,
+                          train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
 
-    parent = model_parent(runs, recipe.parent)
-    path, data_run = resolve_data(recipe.data, runs, "sft")
-    rows = load_rows(path, "chat")
-    config = recipe.trainer
-    parents = [parent] + ([data_run] if data_run else [])
-    with runs.start("sft", recipe.name, to_dict(recipe), parents=parents,
-                    data_fingerprints=lineage_fingerprints(parents, {"sft": path}), overwrite=overwrite) as run:
-        config.output_dir = str(run.checkpoints_dir)
-        tokenizer = load_tokenizer(parent.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(parent.model_dir)
-        trainer = SFTTrainer(model=model, args=config, train_dataset=Dataset.from_list(rows),
-                             processing_class=tokenizer, callbacks=[run_logger(run)])
-        result = trainer.train()
-        run.save_model(trainer.model, tokenizer)
-        run.finish(metrics=train_summary(trainer, result))
-    return run
+    return train_from_parent("sft", recipe, runs, make_trainer, overwrite=overwrite)
