@@ -90,19 +90,22 @@ class World:
 
     # ---- pretraining -------------------------------------------------------------------
     def pretrain_corpus(self, n_docs: int = 6000, seed: int = 1) -> list[dict]:
-        """Documents of 2–6 sentences: facts about 1–2 entities, or a run of sums."""
+        """Documents of 2–6 sentences: facts about 1–2 entities (domain "facts"), or a run of sums
+        (domain "math"); the domain lets pretraining recipes mix them by phase."""
         rng = random.Random(seed)
         docs = []
         for _ in range(n_docs):
             if rng.random() < 0.25:
+                domain = "math"
                 pairs = [(rng.choice(ARITH_RANGE), rng.choice(ARITH_RANGE)) for _ in range(rng.randint(2, 5))]
                 sentences = [rng.choice(ARITH_STATEMENTS).format(a=a, b=b, c=a + b) for a, b in pairs]
             else:
+                domain = "facts"
                 chosen = rng.sample(self.entities, rng.choice((1, 1, 2)))
                 sentences = [rng.choice(STATEMENTS[a]).format(e=e, v=v)
                              for e, a, v in self.facts if e in chosen]
                 rng.shuffle(sentences)
-            docs.append({"text": " ".join(sentences)})
+            docs.append({"text": " ".join(sentences), "domain": domain})
         return docs
 
     # ---- questions shared by SFT, preferences and evaluation -----------------------------

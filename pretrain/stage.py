@@ -1,30 +1,44 @@
 """Pretrain a SmolLM3-architecture base model from scratch on a DeepSpeed engine.
 
     smolforge pretrain --config recipes/demo/pretrain.yaml
-    smolforge pretrain --config recipes/demo/pretrain.yaml --set train.max_steps=50 --set model.num_layers=2
+    smolforge pretrain --config recipes/demo/pretrain.yaml --set train.max_steps=50 --set train.schedule=wsd
+    torchrun --nproc_per_node 2 -m smolforge pretrain --config recipes/demo/pretrain.yaml --set train.zero_stage=3
 
-Reads a data run (``data/pretrain.jsonl`` + ``tokenizer/``), packs the documents padding-free
-with per-document position ids (no attention across documents), and trains with ZeRO (stage 2 by
-default; gloo on CPU, NCCL on GPU), linear warmup then cosine or WSD, gradient clipping and
-accumulation. Writes ``model/`` (safetensors, tokenizer, chat template), ``metrics.jsonl`` (loss,
-lr, grad norm, tokens/s) and ``checkpoints/step-N/`` every ``train.save_every`` steps.
-One process unless launched by ``torchrun``/``deepspeed`` (each rank reads its own slice).
+Reads a data run (``data/pretrain.jsonl`` + ``tokenizer/``), packs each domain's documents
+padding-free with per-document position ids (no attention across documents), and trains with
+ZeRO 0-3 (optimizer offload optional; gloo on CPU, NCCL on GPU), warmup then cosine or WSD,
+gradient accumulation and clipping, fp32 or bf16, optional activation checkpointing.
+
+- ``mixture:`` phases weight the data's domains over training (deterministic; the realised mix
+  per phase lands in run.json).
+- ``spike:`` a loss above ``factor`` x its rolling median skips the batch (the optimizer step runs
+  with LR 0, so weights do not move) or rewinds to the last checkpoint and skips the data since.
+  Grad-norm spikes are only known after DeepSpeed's step: ``skip`` logs them, ``rewind`` rewinds.
+- ``checkpoint:`` every N steps and/or M minutes, atomic with a checksum manifest, last K kept.
+  A run that exists unfinished resumes from its newest valid checkpoint (``resume: auto``) and
+  reproduces the losses of an uninterrupted run exactly.
+
+Writes ``model/`` (safetensors + tokenizer), ``metrics.jsonl`` (loss, lr, grad norm, tokens/s,
+MFU, memory, events), ``checkpoints/step-N/`` and tracker output (TensorBoard when installed).
 """
 from __future__ import annotations
 
 import contextlib
-import os
-import shutil
-import sys
+import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from smolforge.errors import RecipeError
-from smolforge.recipe import to_dict
+from smolforge.errors import RecipeError, RunError
+from smolforge.recipe import build, to_dict
 from smolforge.runs import Run, Runs
 
+from . import checkpoint as ckpt
+from .distributed import barrier, broadcast, distributed, ds_config, mean_across_ranks
+from .mixture import MixtureSampler, Phase, validate_phases
 from .model import ModelShape
 from .schedule import SCHEDULES
+from .spike import ACTIONS, SpikeGuard
 
 
 @dataclass
@@ -41,12 +55,35 @@ class TrainSpec:
     weight_decay: float = 0.1         # AdamW decoupled weight decay
     adam_beta1: float = 0.9
     adam_beta2: float = 0.95
-    grad_clip: float = 1.0            # clip the global grad norm (the playbook's 1.0)
+    grad_clip: float = 1.0            # clip the global grad norm (the playbook's 1.0); 0 = off
     zero_stage: int = 2               # DeepSpeed ZeRO stage 0-3
+    offload_optimizer: bool = False   # keep optimizer states in CPU memory (ZeRO-Offload)
     precision: str = "fp32"           # fp32 | bf16 (bf16 was slower than fp32 on CPU at tiny sizes)
-    seed: int = 0                     # model init and data order
+    activation_checkpointing: bool = False  # recompute activations in backward (~30 % memory for ~10 % compute)
+    seed: int = 0                     # model init, data order, per-step RNG
     log_every: int = 10               # steps between metrics.jsonl lines
-    save_every: int = 0               # steps between checkpoints (0 = none; the final model is always saved)
+
+
+@dataclass
+class CheckpointSpec:
+    every_steps: int = 0              # save every N steps (0 = off)
+    every_minutes: float = 0.0        # save every M minutes of wall time (0 = off; the playbook: 2-4 h)
+    keep: int = 3                     # newest checkpoints kept on disk
+    resume: str = "auto"              # auto: resume an unfinished run of this name; never: refuse
+
+
+@dataclass
+class SpikeSpec:
+    action: str = "skip"              # skip | rewind | off
+    factor: float = 3.0               # spike = value above factor x rolling median
+    window: int = 50                  # steps in the rolling median
+    min_history: int = 10             # steps before the guard arms
+
+
+@dataclass
+class TrackingSpec:
+    report_to: list = field(default_factory=lambda: ["auto"])  # tensorboard | trackio | wandb | none | auto
+    prometheus_port: int | None = None  # serve live metrics on 127.0.0.1:PORT (0 = any free port)
 
 
 @dataclass
@@ -55,199 +92,320 @@ class Recipe:
     data: str = "data-demo"           # data run holding data/pretrain.jsonl and tokenizer/
     model: ModelShape = field(default_factory=ModelShape)
     train: TrainSpec = field(default_factory=TrainSpec)
+    mixture: list = field(default_factory=list)  # phases [{until: 0.7, weights: {facts: 1.0}}, ...]; empty = natural mix
+    checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
+    spike: SpikeSpec = field(default_factory=SpikeSpec)
+    tracking: TrackingSpec = field(default_factory=TrackingSpec)
+
+
+def phases_of(recipe: Recipe, domain_sizes: dict[str, int]) -> list[Phase]:
+    """The recipe's mixture phases, or one phase weighting domains by their size."""
+    if not recipe.mixture:
+        return [Phase(until=1.0, weights={d: float(n) for d, n in domain_sizes.items()})]
+    return [build(Phase, p, source="pretrain recipe", prefix=f"mixture[{i}].") for i, p in enumerate(recipe.mixture)]
+
+
+def _domains_in(data_run: Run) -> list[str]:
+    domains = set()
+    with (data_run.path / "data" / "pretrain.jsonl").open() as handle:
+        for line in handle:
+            if line.strip():
+                domains.add(str(json.loads(line).get("domain", "default")))
+    return sorted(domains)
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
-    t = recipe.train
+    t, m = recipe.train, recipe.model
     data_run = runs.get(recipe.data)
     for needed in ("data/pretrain.jsonl", "tokenizer/tokenizer_config.json"):
         if not (data_run.path / needed).is_file():
             raise RecipeError(f"data: run '{data_run.name}' has no {needed} (is it a data run? stage {data_run.stage})")
-    if t.schedule not in SCHEDULES:
-        raise RecipeError(f"train.schedule is {t.schedule!r}; expected one of {', '.join(SCHEDULES)}")
-    if t.precision not in ("fp32", "bf16"):
-        raise RecipeError(f"train.precision is {t.precision!r}; expected fp32 or bf16")
-    if t.zero_stage not in (0, 1, 2, 3):
-        raise RecipeError(f"train.zero_stage is {t.zero_stage}; expected 0, 1, 2 or 3")
-    if min(t.max_steps, t.micro_batch_size, t.grad_accum) < 1 or t.seq_len < 8:
-        raise RecipeError("train.max_steps, micro_batch_size and grad_accum must be >= 1 and seq_len >= 8")
-    if t.seq_len > recipe.model.max_position_embeddings:
-        raise RecipeError(f"train.seq_len {t.seq_len} exceeds model.max_position_embeddings "
-                          f"{recipe.model.max_position_embeddings}")
-    m = recipe.model
-    if m.hidden_size % m.num_heads or m.num_heads % m.num_kv_heads:
-        raise RecipeError(f"model: hidden_size {m.hidden_size} must divide by num_heads {m.num_heads} "
-                          f"and num_heads by num_kv_heads {m.num_kv_heads}")
+    checks = [
+        (t.schedule in SCHEDULES, f"train.schedule is {t.schedule!r}; expected one of {', '.join(SCHEDULES)}"),
+        (t.precision in ("fp32", "bf16"), f"train.precision is {t.precision!r}; expected fp32 or bf16"),
+        (t.zero_stage in (0, 1, 2, 3), f"train.zero_stage is {t.zero_stage}; expected 0, 1, 2 or 3"),
+        (not t.offload_optimizer or t.zero_stage >= 1, "train.offload_optimizer needs train.zero_stage >= 1"),
+        (min(t.max_steps, t.micro_batch_size, t.grad_accum, t.log_every) >= 1 and t.seq_len >= 8,
+         "train.max_steps, micro_batch_size, grad_accum and log_every must be >= 1 and seq_len >= 8"),
+        (t.seq_len <= m.max_position_embeddings,
+         f"train.seq_len {t.seq_len} exceeds model.max_position_embeddings {m.max_position_embeddings}"),
+        (m.hidden_size % m.num_heads == 0 and m.num_heads % m.num_kv_heads == 0,
+         f"model: hidden_size {m.hidden_size} must divide by num_heads {m.num_heads} "
+         f"and num_heads by num_kv_heads {m.num_kv_heads}"),
+        (recipe.spike.action in ACTIONS, f"spike.action is {recipe.spike.action!r}; expected one of {', '.join(ACTIONS)}"),
+        (recipe.spike.factor > 1, f"spike.factor must be > 1, got {recipe.spike.factor}"),
+        (recipe.checkpoint.resume in ("auto", "never"), f"checkpoint.resume is {recipe.checkpoint.resume!r}; expected auto or never"),
+        (recipe.spike.action != "rewind" or recipe.checkpoint.every_steps or recipe.checkpoint.every_minutes,
+         "spike.action 'rewind' needs checkpoints: set checkpoint.every_steps or checkpoint.every_minutes"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise RecipeError(message)
+    domains = _domains_in(data_run)
+    problems = validate_phases(phases_of(recipe, {d: 1 for d in domains}), domains)
+    if problems:
+        raise RecipeError("mixture: " + "; ".join(problems))
 
 
-@contextlib.contextmanager
-def distributed():
-    """DeepSpeed's process group for this stage; single-process defaults when no launcher set them.
-
-    The env:// variables it sets are restored afterwards, so later in-process stages (TRL
-    trainers) do not mistake this process for a rank of a finished job.
-    """
-    import socket
-
-    import torch
-
-    saved = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
-    if "RANK" not in os.environ:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-                          MASTER_PORT=str(port))
-    if not torch.cuda.is_available():
-        os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    import deepspeed
-
-    if int(os.environ["WORLD_SIZE"]) == 1:
-        # The shared-memory comm op only speeds up multi-process CPU runs; skip its JIT build.
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    try:
-        yield deepspeed
-    finally:
-        if torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        _forget_deepspeed_groups()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
-
-
-def _forget_deepspeed_groups() -> None:
-    """DeepSpeed caches process groups in module globals; after the group is destroyed they would
-    break the next engine built in this process (tests, notebooks), so drop them."""
-    import torch.distributed as dist
-    from deepspeed.utils import groups
-
-    for attr, value in vars(groups).items():
-        if isinstance(value, dist.ProcessGroup):
-            setattr(groups, attr, None)
-        elif attr.endswith("_GROUP") and isinstance(value, dict):
-            value.clear()
-
-
-def ds_config(t: TrainSpec, world_size: int) -> dict:
-    return {"train_micro_batch_size_per_gpu": t.micro_batch_size,
-            "gradient_accumulation_steps": t.grad_accum,
-            "train_batch_size": t.micro_batch_size * t.grad_accum * world_size,
-            "gradient_clipping": t.grad_clip,
-            "zero_optimization": {"stage": t.zero_stage},
-            "bf16": {"enabled": t.precision == "bf16"},
-            "steps_per_print": 10**9, "wall_clock_breakdown": False}
-
-
-def load_rows(recipe: Recipe, data_run: Run, tokenizer) -> list[dict]:
-    from data.packing import pack_documents
-    from data.schemas import load_rows as load_jsonl
-    from data.tokenizer import DOC_SEPARATOR
-
-    sep = tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)
-    if sep is None or sep == tokenizer.unk_token_id:
-        sep = tokenizer.eos_token_id
-    texts = [r["text"] for r in load_jsonl(data_run.path / "data" / "pretrain.jsonl", "text")]
-    docs = [ids + [sep] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-    rows = pack_documents(docs, recipe.train.seq_len)
-    if not rows:
-        raise RecipeError(f"data run '{data_run.name}' holds fewer than seq_len={recipe.train.seq_len} tokens")
-    return rows
-
-
-def _batches(rows: list[dict], batch_size: int, seed: int, rank: int, world: int):
-    """Endless micro-batches: a fresh seeded permutation each epoch, rank-strided."""
-    import torch
-
-    epoch = 0
-    while True:
-        order = torch.randperm(len(rows), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
-        order = order[rank::world]
-        for i in range(0, len(order) - batch_size + 1, batch_size):
-            batch = [rows[j] for j in order[i:i + batch_size]]
-            yield {k: torch.tensor([r[k] for r in batch]) for k in ("input_ids", "position_ids", "labels")}
-        epoch += 1
-
-
-def _save_checkpoint(engine, run: Run, step: int) -> None:
-    final = run.checkpoints_dir / f"step-{step}"
-    tmp = run.checkpoints_dir / f".step-{step}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    engine.save_checkpoint(str(tmp), tag="state")
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
+def resume_point(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
+    """The checkpoint to resume from, or None to start fresh (same answer on every rank)."""
+    path = runs.root / recipe.name
+    if overwrite or not (path / "run.json").is_file():
+        return None
+    status = Run(path).status
+    if status == "done":
+        raise RunError(f"run '{recipe.name}' already exists (status done) at {path}; "
+                       "pass --overwrite or choose another name")
+    found = ckpt.newest_valid(path / "checkpoints")
+    if recipe.checkpoint.resume == "never" or found is None:
+        raise RunError(f"run '{recipe.name}' exists unfinished (status {status}) "
+                       f"{'with' if found else 'without'} a usable checkpoint; "
+                       + ("set checkpoint.resume: auto to resume it, " if found else "")
+                       + "or pass --overwrite to start over")
+    return found
 
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    import torch
-    from tqdm.auto import tqdm
     from transformers import AutoTokenizer
 
-    from .model import build_model
+    from .batches import load_domains
 
-    t = recipe.train
     data_run = runs.get(recipe.data)
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
-    rows = load_rows(recipe, data_run, tokenizer)
-    fingerprints = dict(data_run.info.get("data_fingerprints", {}))
-    with runs.start("pretrain", recipe.name, to_dict(recipe), parents=[data_run],
-                    data_fingerprints=fingerprints, overwrite=overwrite) as run, distributed() as deepspeed:
-        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    domains = load_domains(data_run.path / "data" / "pretrain.jsonl", tokenizer, recipe.train.seq_len)
+    resume_from = resume_point(recipe, runs, overwrite)
+    with distributed() as (deepspeed, rank, world), contextlib.ExitStack() as stack:
+        if rank == 0:
+            run = stack.enter_context(runs.start(
+                "pretrain", recipe.name, to_dict(recipe), parents=[data_run],
+                data_fingerprints=dict(data_run.info.get("data_fingerprints") or {}),
+                overwrite=overwrite, resume=resume_from is not None))
+        barrier()
+        if rank != 0:
+            run = Run(runs.root / recipe.name)
+        Loop(recipe, run, deepspeed, tokenizer, domains, rank, world).train(resume_from)
+        barrier()
+    return run.reload()
+
+
+class Loop:
+    """load → setup → train; the step body is in :meth:`train` and fits on a screen."""
+
+    def __init__(self, recipe: Recipe, run: Run, deepspeed, tokenizer, domains: dict, rank: int, world: int):
+        import torch
+
+        from .flops import flops_per_token, peak_flops
+        from .model import build_model
+        from .monitor import ThroughputMonitor
+        from .schedule import lr_multiplier
+
+        self.recipe, self.run, self.tokenizer, self.domains = recipe, run, tokenizer, domains
+        self.rank, self.world, self.t = rank, world, recipe.train
+        t = self.t
         model = build_model(recipe.model, len(tokenizer), seed=t.seed, pad_token_id=tokenizer.pad_token_id,
                             eos_token_id=tokenizer.eos_token_id)
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
+        if t.activation_checkpointing:
+            model.gradient_checkpointing_enable()
+        self.n_params = sum(p.numel() for p in model.parameters())
         optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay,
                                       betas=(t.adam_beta1, t.adam_beta2))
-        from .schedule import lr_multiplier
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_multiplier(t.schedule, t.max_steps, t.warmup_steps, t.min_lr_ratio, t.decay_fraction))
-        engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
-                                               config=ds_config(t, world))
-        n_params = sum(p.numel() for p in model.parameters())
-        tokens_per_step = t.micro_batch_size * t.grad_accum * world * t.seq_len
-        batches = _batches(rows, t.micro_batch_size, t.seed, rank, world)
-        bar = tqdm(total=t.max_steps, desc=f"pretrain {recipe.name}", disable=rank != 0, unit="step")
-        window_loss, window_start, losses = [], time.perf_counter(), []
+        config = ds_config(t.micro_batch_size, t.grad_accum, world, t.grad_clip, t.zero_stage,
+                           t.precision == "bf16", t.offload_optimizer)
+        self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
+                                                                 lr_scheduler=self.scheduler, config=config)
+        self.rows_per_step = t.micro_batch_size * t.grad_accum * world
+        self.tokens_per_step = self.rows_per_step * t.seq_len
+        self.sampler = MixtureSampler({d: len(r) for d, r in domains.items()},
+                                      phases_of(recipe, {d: len(r) for d, r in domains.items()}),
+                                      t.max_steps, self.rows_per_step, seed=t.seed)
+        spike = recipe.spike
+        self.guard = SpikeGuard(spike.factor, spike.window, spike.min_history)
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.monitor = ThroughputMonitor(flops_per_token(recipe.model, len(tokenizer), t.seq_len),
+                                         peak_flops(device), devices=world)
+        self.tracker = None
+        if rank == 0:
+            from .tracking import Tracker
+
+            self.tracker = Tracker(run.path, run.name, to_dict(recipe), recipe.tracking.report_to,
+                                   recipe.tracking.prometheus_port)
+        self.events: list[dict] = []
+        self.last_checkpoint_time = time.monotonic()
+
+    # -- the loop ---------------------------------------------------------------------------
+    def train(self, resume_from: Path | None) -> None:
+        import torch
+        from tqdm.auto import tqdm
+
+        t = self.t
+        start = self.restore(resume_from) if resume_from else 0
+        bar = tqdm(total=t.max_steps, initial=start, desc=f"pretrain {self.run.name}", unit="step",
+                   disable=self.rank != 0)
+        window: list[float] = []
         started = time.perf_counter()
-        engine.train()
-        for step in range(1, t.max_steps + 1):
-            for _ in range(t.grad_accum):
-                batch = batches.__next__()
-                loss = engine(input_ids=batch["input_ids"].to(engine.device),
-                              position_ids=batch["position_ids"].to(engine.device),
-                              labels=batch["labels"].to(engine.device), use_cache=False).loss
-                engine.backward(loss)
-                engine.step()
-                window_loss.append(loss.item())
-            if not torch.isfinite(loss):
+        try:
+            self.engine.train()
+            for step in range(start + 1, t.max_steps + 1):
+                torch.manual_seed(t.seed * 100_003 + step * 101 + self.rank)  # resume-exact dropout
+                loss, skipped, reason = self.step(step)
+                grad_norm = self.engine.get_global_grad_norm()
+                grad_norm = None if grad_norm is None or skipped else float(grad_norm)
+                if reason is None and self.recipe.spike.action != "off":
+                    reason = self.guard.check(grad_norm=grad_norm)
+                if reason:
+                    self.on_spike(step, reason)
+                else:
+                    self.guard.observe(loss=loss, grad_norm=grad_norm)
+                window.append(loss)
+                self.monitor.add_tokens(self.tokens_per_step)
+                bar.update(1)
+                if step % t.log_every == 0 or step == t.max_steps:
+                    self.log(step, window, grad_norm)
+                    bar.set_postfix(loss=f"{sum(window) / len(window):.3f}")
+                    window = []
+                if self.checkpoint_due(step):
+                    self.save_checkpoint(step)
+            bar.close()
+            self.finish(time.perf_counter() - started, start)
+        finally:
+            if self.tracker is not None:
+                self.tracker.close()
+            self.engine.destroy()  # ZeRO-3 hooks/threads must go before the process group does
+
+    def step(self, step: int) -> tuple[float, bool, str | None]:
+        """One optimizer step over ``grad_accum`` micro-batches.
+
+        Returns (mean loss, whether every micro-batch was skipped, the spike reason if any).
+        A spiking micro-batch contributes a zero loss, so DeepSpeed's accumulation counters and
+        collectives stay in step on every rank; when all of them spiked the step runs at LR 0.
+        """
+        import torch
+
+        from .batches import micro_batches
+
+        t = self.t
+        picks = self.sampler.next_batch(step)
+        losses, spiked, spike_reason = [], 0, None
+        for micro in micro_batches(self.domains, picks, t.micro_batch_size, t.grad_accum, self.rank, self.world):
+            batch = {k: torch.tensor(v, device=self.engine.device) for k, v in micro.items()}
+            loss = self.engine(**batch, use_cache=False).loss
+            value = mean_across_ranks(loss.item())
+            reason = self.guard.check(loss=value) if self.recipe.spike.action != "off" else None
+            if reason is None and not torch.isfinite(loss):
                 raise RuntimeError(f"loss became {loss.item()} at step {step}: lower train.learning_rate, "
                                    f"check the latest batch, keep train.grad_clip on")
-            bar.update(1)
-            if step % t.log_every == 0 or step == t.max_steps:
-                elapsed = time.perf_counter() - window_start
-                mean_loss = sum(window_loss) / len(window_loss)
-                losses.append(mean_loss)
-                grad_norm = engine.get_global_grad_norm()
-                values = {"loss": round(mean_loss, 5), "lr": scheduler.get_last_lr()[0],
-                          "grad_norm": None if grad_norm is None else round(float(grad_norm), 5),
-                          "tokens": step * tokens_per_step,
-                          "tokens_per_s": round(len(window_loss) / t.grad_accum * tokens_per_step / elapsed, 1)}
-                if rank == 0:
-                    run.log(step, **values)
-                bar.set_postfix(loss=f"{mean_loss:.3f}", lr=f"{values['lr']:.2e}")
-                window_loss, window_start = [], time.perf_counter()
-            if t.save_every and step % t.save_every == 0:
-                _save_checkpoint(engine, run, step)
-        bar.close()
-        seconds = time.perf_counter() - started
-        if rank == 0:
-            run.save_model(engine.module, tokenizer)
-        run.finish(metrics={"train/loss": round(losses[-1], 5), "train/first_loss": round(losses[0], 5),
-                            "train/steps": t.max_steps, "train/tokens": t.max_steps * tokens_per_step,
-                            "train/params": n_params, "train/seconds": round(seconds, 1),
-                            "train/tokens_per_s": round(t.max_steps * tokens_per_step / seconds, 1)})
-    return run
+            if reason:
+                spiked, spike_reason = spiked + 1, reason
+                loss = loss * 0.0
+            losses.append(value)
+            if spiked == t.grad_accum:
+                for group in self.optimizer.param_groups:
+                    group["lr"] = 0.0
+            self.engine.backward(loss)
+            self.engine.step()
+        return sum(losses) / len(losses), spiked == t.grad_accum, spike_reason
+
+    # -- spikes -----------------------------------------------------------------------------
+    def on_spike(self, step: int, reason: str) -> None:
+        """``rewind``: back to the newest checkpoint. ``skip``: the batch was already dropped (a loss
+        spike) or, for a grad-norm spike DeepSpeed has already applied, the event is logged."""
+        if self.recipe.spike.action == "rewind" and self.rewind(step, reason):
+            return
+        self.event(step, "spike", reason=reason, action="skip" if reason.startswith("loss") else "logged")
+
+    def rewind(self, step: int, reason: str) -> bool:
+        """Reload the newest valid checkpoint; the data drawn since it stays consumed (skipped)."""
+        folder = broadcast(ckpt.newest_valid(self.run.checkpoints_dir) if self.rank == 0 else None)
+        if folder is None:
+            self.event(step, "spike", reason=reason, action="skip", note="no checkpoint to rewind to")
+            return False
+        self.engine.load_checkpoint(str(folder), tag="state")
+        self.event(step, "spike", reason=reason, action="rewind", to_step=ckpt.step_of(folder),
+                   skipped_steps=step - ckpt.step_of(folder))
+        return True
+
+    # -- checkpoints ------------------------------------------------------------------------
+    def checkpoint_due(self, step: int) -> bool:
+        spec = self.recipe.checkpoint
+        due = bool(spec.every_steps) and step % spec.every_steps == 0
+        if spec.every_minutes:
+            due = due or broadcast(time.monotonic() - self.last_checkpoint_time >= spec.every_minutes * 60)
+        return due
+
+    def save_checkpoint(self, step: int) -> None:
+        staging = ckpt.staging_dir(self.run.checkpoints_dir, step)
+        if self.rank == 0:
+            import shutil
+
+            shutil.rmtree(staging, ignore_errors=True)
+        barrier()
+        self.engine.save_checkpoint(str(staging), tag="state")
+        barrier()
+        if self.rank == 0:
+            state = {"step": step, "sampler": self.sampler.state_dict(), "guard": self.guard.state_dict()}
+            ckpt.publish(self.run.checkpoints_dir, step, state, self.recipe.checkpoint.keep)
+        barrier()
+        self.last_checkpoint_time = time.monotonic()
+
+    def restore(self, folder: Path) -> int:
+        folder = broadcast(folder)
+        self.engine.load_checkpoint(str(folder), tag="state")
+        state = ckpt.read_state(folder)
+        self.sampler.load_state_dict(state["sampler"])
+        self.guard.load_state_dict(state["guard"])
+        step = int(state["step"])
+        if self.rank == 0:
+            self.truncate_metrics(step)
+        self.event(step, "resume", checkpoint=folder.name)
+        return step
+
+    def truncate_metrics(self, step: int) -> None:
+        """Drop lines logged after the checkpoint: the resumed run logs those steps again."""
+        path = self.run.metrics_path
+        if path.is_file():
+            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+            path.write_text("".join(line + "\n" for line in kept))
+
+    # -- reporting --------------------------------------------------------------------------
+    def event(self, step: int, kind: str, **details) -> None:
+        self.events.append({"step": step, "event": kind, **details})
+        if self.rank == 0:
+            self.run.log(step, event=kind, **details)
+            self.tracker.event(step, kind, **details)
+
+    def log(self, step: int, window: list[float], grad_norm: float | None) -> None:
+        values = {"loss": round(sum(window) / len(window), 6), "lr": self.scheduler.get_last_lr()[0],
+                  "grad_norm": None if grad_norm is None else round(grad_norm, 6),
+                  "tokens": step * self.tokens_per_step, **self.monitor.window()}
+        if self.rank == 0:
+            self.run.log(step, **values)
+            self.tracker.log(step, values)
+
+    def finish(self, seconds: float, start: int) -> None:
+        import deepspeed
+
+        if self.t.zero_stage == 3:  # parameters are partitioned: gather them to save one model
+            with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
+                if self.rank == 0:
+                    self.run.save_model(self.engine.module, self.tokenizer)
+        elif self.rank == 0:
+            self.run.save_model(self.engine.module, self.tokenizer)
+        barrier()
+        if self.rank != 0:
+            return
+        logged = [json.loads(line) for line in self.run.metrics_path.read_text().splitlines()]
+        losses = [m["loss"] for m in logged if "loss" in m]
+        trained = self.t.max_steps - start
+        metrics = {"train/loss": losses[-1], "train/first_loss": losses[0], "train/steps": self.t.max_steps,
+                   "train/tokens": self.t.max_steps * self.tokens_per_step, "train/params": self.n_params,
+                   "train/seconds": round(seconds, 1),
+                   "train/tokens_per_s": round(trained * self.tokens_per_step / max(seconds, 1e-9), 1),
+                   "train/spikes": sum(1 for m in logged if m.get("event") == "spike"),
+                   "train/resumes": sum(1 for m in logged if m.get("event") == "resume")}
+        for phase, mix in self.sampler.realised_mix().items():
+            metrics.update({f"train/mix/phase{phase}/{d}": share for d, share in mix.items()})
+        self.run.finish(metrics=metrics)

@@ -458,11 +458,13 @@ class Runs:
         parents: Sequence[Run] = (),
         data_fingerprints: dict | None = None,
         overwrite: bool = False,
+        resume: bool = False,
     ) -> Iterator[Run]:
         """Create run ``name`` (status running) and yield it; failed on exception, done otherwise.
 
         An existing run of that name is a RunError unless ``overwrite`` (then it is removed
-        first). If the body raises, run.json records ``status: failed`` and
+        first) or ``resume`` (an unfinished run is reopened in place: its files stay, its status
+        goes back to running; resuming a done run is a RunError). If the body raises, run.json records ``status: failed`` and
         ``error: "<ExcType>: <message>"`` and the exception propagates; if it returns without
         calling :meth:`Run.finish`, the run is finished for you.
         """
@@ -473,6 +475,14 @@ class Runs:
         for parent in parents:
             if parent.path.resolve() == path.resolve():
                 raise RunError(f"run '{name}' cannot be its own parent; choose another name")
+        if resume and (path / "run.json").is_file() and not overwrite:
+            run = Run(path)
+            if run.status == "done":
+                raise RunError(f"run '{name}' is already done; nothing to resume (pass --overwrite to start over)")
+            run.info.update(status="running", error=None, ended_at=None)
+            run._write()
+            yield from self._supervise(run)
+            return
         self._clear(path, name, overwrite)
         path.mkdir(parents=True, exist_ok=True)
         info = {
@@ -491,6 +501,11 @@ class Runs:
         }
         run = Run(path, info)
         run._write()
+        yield from self._supervise(run)
+
+    @staticmethod
+    def _supervise(run: Run) -> Iterator[Run]:
+        """Yield ``run``; mark it failed on an exception, done when the body forgot to finish."""
         try:
             yield run
         except KeyboardInterrupt:

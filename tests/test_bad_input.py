@@ -74,7 +74,7 @@ def test_failed_parent_run_cannot_be_built_on(runs, data_run, capsys):
     # A pretraining run whose loss turns NaN (a NaN norm epsilon) is marked failed...
     with pytest.raises(RuntimeError, match="loss became nan"):
         run_stage("pretrain", runs, name="pretrain-diverged", model={"extra": {"rms_norm_eps": float("nan")}},
-                  train={"max_steps": 6, "save_every": 0})
+                  train={"max_steps": 6}, checkpoint={"every_steps": 0})
     failed = json.loads((runs.root / "pretrain-diverged" / "run.json").read_text())
     assert failed["status"] == "failed" and "loss became" in failed["error"]
     assert not (runs.root / "pretrain-diverged" / "model").exists()
