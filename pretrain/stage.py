@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,6 +79,7 @@ class SpikeSpec:
     factor: float = 3.0               # spike = value above factor x rolling median
     window: int = 50                  # steps in the rolling median
     min_history: int = 10             # steps before the guard arms
+    max_consecutive: int = 5          # this many spiking steps in a row fail the run (it is not a spike any more)
 
 
 @dataclass
@@ -134,6 +136,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
          f"and num_heads by num_kv_heads {m.num_kv_heads}"),
         (recipe.spike.action in ACTIONS, f"spike.action is {recipe.spike.action!r}; expected one of {', '.join(ACTIONS)}"),
         (recipe.spike.factor > 1, f"spike.factor must be > 1, got {recipe.spike.factor}"),
+        (recipe.spike.max_consecutive >= 1, f"spike.max_consecutive must be >= 1, got {recipe.spike.max_consecutive}"),
         (recipe.checkpoint.resume in ("auto", "never"), f"checkpoint.resume is {recipe.checkpoint.resume!r}; expected auto or never"),
         (recipe.spike.action != "rewind" or recipe.checkpoint.every_steps or recipe.checkpoint.every_minutes,
          "spike.action 'rewind' needs checkpoints: set checkpoint.every_steps or checkpoint.every_minutes"),
@@ -234,6 +237,7 @@ class Loop:
             self.tracker = Tracker(run.path, run.name, to_dict(recipe), recipe.tracking.report_to,
                                    recipe.tracking.prometheus_port)
         self.events: list[dict] = []
+        self.spikes_in_a_row = 0
         self.last_checkpoint_time = time.monotonic()
 
     # -- the loop ---------------------------------------------------------------------------
@@ -258,8 +262,10 @@ class Loop:
                     reason = self.guard.check(grad_norm=grad_norm)
                 if reason:
                     self.on_spike(step, reason)
+                    self.check_not_diverged(step, reason, loss)
                 else:
                     self.guard.observe(loss=loss, grad_norm=grad_norm)
+                    self.spikes_in_a_row = 0
                 window.append(loss)
                 self.monitor.add_tokens(self.tokens_per_step)
                 bar.update(1)
@@ -295,7 +301,7 @@ class Loop:
             loss = self.engine(**batch, use_cache=False).loss
             value = mean_across_ranks(loss.item())
             reason = self.guard.check(loss=value) if self.recipe.spike.action != "off" else None
-            if reason is None and not torch.isfinite(loss):
+            if reason is None and not torch.isfinite(loss):  # the guard is off
                 raise RuntimeError(f"loss became {loss.item()} at step {step}: lower train.learning_rate, "
                                    f"check the latest batch, keep train.grad_clip on")
             if reason:
@@ -316,6 +322,14 @@ class Loop:
         if self.recipe.spike.action == "rewind" and self.rewind(step, reason):
             return
         self.event(step, "spike", reason=reason, action="skip" if reason.startswith("loss") else "logged")
+
+    def check_not_diverged(self, step: int, reason: str, loss: float) -> None:
+        self.spikes_in_a_row += 1
+        if self.spikes_in_a_row < self.recipe.spike.max_consecutive:
+            return
+        what = f"loss became {loss}" if not math.isfinite(loss) else f"{self.spikes_in_a_row} spikes in a row ({reason})"
+        raise RuntimeError(f"{what} at step {step}: lower train.learning_rate, check the latest batches, "
+                           f"keep train.grad_clip on (the training diverged; skipping cannot save it)")
 
     def rewind(self, step: int, reason: str) -> bool:
         """Reload the newest valid checkpoint; the data drawn since it stays consumed (skipped)."""

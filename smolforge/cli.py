@@ -106,6 +106,36 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_epilog("smolforge lineage dpo-demo"))
     g.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
     g.add_argument("--json", action="store_true", help="print the tree as JSON")
+
+    pl = sub.add_parser(
+        "plan", help="plan a pretraining run: FLOPs, GPUs, days, cost, memory",
+        formatter_class=fmt,
+        description="Plan a pretraining run from a pretrain recipe: parameters (counted on the meta "
+        "device),\ntraining FLOPs (6·N·D + attention), GPU-hours, GPUs for --days or days on --gpus "
+        "at an MFU,\nthe MFU that --gpus and --days require, cost, memory per GPU for ZeRO 0-3 and "
+        "the KV cache.\nNumbers take k/M/B/T suffixes (11T = 11e12). See docs/planner.md.",
+        epilog=_epilog(
+            "smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11e12 --gpus 384 --days 24",
+            "smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11T --mfu 0.3 --days 24 "
+            "--price 2.5 --json",
+        ),
+    )
+    pl.add_argument("recipe", metavar="RECIPE", help="pretrain recipe YAML (stage: pretrain)")
+    pl.add_argument("--tokens", metavar="N", help="training tokens (default: 20 × parameters)")
+    pl.add_argument("--gpu", default="h100", metavar="NAME",
+                    help="device: h100, h200, a100, a100-40g, l40s, a10g or cpu (measured); "
+                    "default h100")
+    pl.add_argument("--gpus", metavar="G", help="number of GPUs (with --days: the MFU required)")
+    pl.add_argument("--days", metavar="D", help="wall-clock days (alone: the GPUs needed)")
+    pl.add_argument("--mfu", metavar="M", help="model FLOPs utilisation as a fraction, e.g. 0.3 "
+                    "(default 0.30, or what --gpus and --days require)")
+    pl.add_argument("--price", metavar="USD_PER_GPU_HOUR", help="price of one GPU-hour, for the cost")
+    pl.add_argument("--seq-len", metavar="L", help="tokens per sequence (default: train.seq_len)")
+    pl.add_argument("--vocab", default="128256", metavar="N",
+                    help="vocabulary size (default 128256: Llama-3's tokenizer, as SmolLM3)")
+    pl.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override a recipe key, e.g. model.num_kv_heads=16 (repeatable)")
+    pl.add_argument("--json", action="store_true", help="print one JSON object instead of tables")
     return parser
 
 
@@ -235,6 +265,24 @@ def _cmd_lineage(args: argparse.Namespace, root: Path) -> int:
     return 0
 
 
+def _cmd_plan(args: argparse.Namespace, extras: list[str]) -> int:
+    from pretrain.planner import close_option, plan_file, print_plan, warn
+
+    if extras:
+        known = ["--tokens", "--gpu", "--gpus", "--days", "--mfu", "--price", "--seq-len",
+                 "--vocab", "--set", "--json"]
+        raise RecipeError(close_option(extras[0], known))
+    plan = plan_file(args.recipe, args.set, tokens=args.tokens, gpu=args.gpu, gpus=args.gpus,
+                     days=args.days, mfu=args.mfu, price=args.price, seq_len=args.seq_len,
+                     vocab=args.vocab)
+    if args.json:
+        warn(plan)
+        print(json.dumps(plan, indent=2))
+    else:
+        print_plan(plan)
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -261,6 +309,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 2
         if extras and args.command in ("pipeline", "runs", "lineage"):
             parser.parse_args(argv)  # argparse prints "unrecognized arguments" and exits 2
+        if args.command == "plan":
+            return _cmd_plan(args, extras)
         from smolforge.runs import runs_root
 
         root = runs_root(args.runs_dir)

@@ -1,0 +1,268 @@
+"""The pretraining planner: SmolLM3-3B's real run, both directions, memory, errors, the CLI edge.
+
+Fast and GPU-free: parameters are counted on the meta device, the CPU peak is a tiny benchmark.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from pretrain.flops import (DEVICES, attention_flops_per_token, flops_per_token,
+                            kv_cache_bytes_per_token, measure_cpu_peak_flops, peak_flops)
+from pretrain.model import ModelShape, count_parameters
+from pretrain.planner import load_pretrain_recipe, make_plan, plan_file
+from smolforge.cli import main
+from smolforge.errors import RecipeError
+from smolforge.recipe import build, load_recipe
+
+REPO = Path(__file__).resolve().parents[1]
+SMOLLM3_3B = REPO / "recipes" / "smollm3-3b" / "pretrain.yaml"
+SMOLLM3_1B = REPO / "recipes" / "smollm3-1b" / "pretrain.yaml"
+RUN = {"tokens": "11e12", "gpu": "h100", "gpus": 384, "days": 24}  # SmolLM3: 11T tokens, 384 H100, 24 days
+REQUIRED_KEYS = {"params", "train_flops", "gpu_hours", "gpus_needed", "mfu_required", "cost_usd",
+                 "kv_cache_bytes_per_token", "memory_per_gpu_bytes"}
+MEMORY_KEYS = {"weights", "grads", "optimizer", "activations", "activations_checkpointed", "total"}
+
+
+@pytest.fixture(scope="module")
+def recipe_3b():
+    return load_pretrain_recipe(SMOLLM3_3B)
+
+
+@pytest.fixture(scope="module")
+def backwards(recipe_3b):
+    return make_plan(recipe_3b, source=str(SMOLLM3_3B), **RUN)
+
+
+def smolforge(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run([sys.executable, "-m", "smolforge", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=120)
+
+
+# --------------------------------------------------------------------------- SmolLM3-3B
+
+
+def test_smollm3_3b_run_needs_about_30_percent_mfu(backwards, capsys):
+    plan = backwards
+    assert plan["params"] == pytest.approx(3.08e9, rel=0.01)
+    assert plan["non_embedding_params"] == plan["params"] - 128256 * 2048  # tied: one table
+    with capsys.disabled():
+        print(f"\nSmolLM3-3B, 11T tokens on 384 H100 in 24 days: mfu_required = "
+              f"{plan['mfu_required']:.1%} ({plan['tokens_per_second_per_gpu']:.0f} tokens/s/GPU)")
+    assert 0.2 < plan["mfu_required"] < 0.4
+    assert plan["gpu_hours"] == pytest.approx(384 * 24 * 24)
+    assert plan["warnings"] == []
+
+
+def test_gqa_kv_cache_is_four_times_smaller_than_mha(recipe_3b, backwards):
+    assert backwards["kv_cache_bytes_per_token"] == 73728
+    mha = dataclasses.replace(recipe_3b.model, num_kv_heads=16)
+    assert kv_cache_bytes_per_token(mha) == 294912 == 4 * 73728
+
+
+def test_forward_and_backwards_directions_agree(recipe_3b, backwards):
+    forward = make_plan(recipe_3b, tokens="11e12", gpu="h100", mfu=0.3, days=24)
+    assert forward["mfu_required"] is None and forward["mfu_assumed"] == 0.3
+    assert forward["gpus_needed"] == pytest.approx(384, rel=0.05)  # 30 % vs the required 30.8 %
+    again = make_plan(recipe_3b, tokens="11e12", gpu="h100", mfu=backwards["mfu_required"], days=24)
+    assert again["gpus_needed"] == 384
+    assert again["gpu_hours"] == pytest.approx(backwards["gpu_hours"])
+    on_384 = make_plan(recipe_3b, tokens="11e12", gpu="h100", mfu=backwards["mfu_required"], gpus=384)
+    assert on_384["days_needed"] == pytest.approx(24)
+
+
+def test_train_flops_are_6nd_plus_attention(recipe_3b, backwards):
+    shape, n = recipe_3b.model, backwards["params"]
+    attention = 12 * 36 * 4096 * 2048
+    assert attention_flops_per_token(shape, 4096) == attention
+    assert flops_per_token(shape, 128256, 4096, params=n) == 6 * n + attention
+    assert flops_per_token(shape, 128256, 4096, params=n, causal=True) == 6 * n + attention / 2
+    assert backwards["train_flops"] == pytest.approx((6 * n + attention) * 11e12)
+    untied = dataclasses.replace(shape, tie_word_embeddings=False)  # the input lookup is no matmul
+    assert flops_per_token(untied, 128256, 4096, params=n + 128256 * 2048) == 6 * n + attention
+
+
+def test_cost_is_gpu_hours_times_price(recipe_3b):
+    plan = make_plan(recipe_3b, **RUN, price=2.5)
+    assert plan["cost_usd"] == pytest.approx(384 * 24 * 24 * 2.5)
+
+
+# --------------------------------------------------------------------------- memory
+
+
+def test_memory_per_zero_stage_shards_the_16_bytes_per_param(backwards):
+    n, g, mem = backwards["params"], 384, backwards["memory_per_gpu_bytes"]
+    assert set(mem) == {"0", "1", "2", "3"}
+    states = {z: m["weights"] + m["grads"] + m["optimizer"] for z, m in mem.items()}
+    assert states["0"] == 16 * n
+    assert states["1"] == pytest.approx(2 * n + 2 * n + 12 * n / g, abs=2)
+    assert states["2"] == pytest.approx(2 * n + (2 + 12) * n / g, abs=2)
+    assert states["3"] == pytest.approx((2 + 2 + 12) * n / g, abs=3)
+    for m in mem.values():
+        assert MEMORY_KEYS <= set(m)
+        assert m["activations_checkpointed"] < m["activations"]
+        assert m["total"] == m["weights"] + m["grads"] + m["optimizer"] + m["activations"]
+    act = backwards["activations_bytes"]  # Korthikanti et al.: s·b·h·(34 + 5·a·s/h) per layer
+    sbh = 4096 * 3 * 2048
+    assert act["per_layer_eager_attention"] == sbh * (34 + 5 * 16 * 4096 / 2048)
+    assert act["per_layer"] == 34 * sbh and act["per_layer_checkpointed"] == 2 * sbh
+    assert mem["1"]["fits"] and not mem["0"]["fits"]  # SmolLM3's ZeRO-1 fits an 80 GB H100
+
+
+def test_fp32_recipe_uses_4_4_8_bytes_and_warns(recipe_3b):
+    fp32 = dataclasses.replace(recipe_3b, train=dataclasses.replace(recipe_3b.train, precision="fp32"))
+    plan = make_plan(fp32, **RUN)
+    zero0 = plan["memory_per_gpu_bytes"]["0"]
+    assert (zero0["weights"], zero0["optimizer"]) == (4 * plan["params"], 8 * plan["params"])
+    assert any("fp32" in w for w in plan["warnings"])
+
+
+# --------------------------------------------------------------------------- devices
+
+
+def test_peak_table_uses_dense_bf16_figures():
+    assert peak_flops("h100") == pytest.approx(989e12, rel=0.01)  # not 3e15
+    assert peak_flops("h200") == peak_flops("h100")
+    assert peak_flops("a100") == peak_flops("a100-40g") == 312e12
+    assert peak_flops("NVIDIA H100 80GB HBM3") == peak_flops("h100")
+    assert peak_flops("tpu-v9") is None
+    assert all(spec.source for spec in DEVICES.values())
+
+
+def test_cpu_peak_is_measured_quickly():
+    measure_cpu_peak_flops.cache_clear()
+    start = time.perf_counter()
+    flops = measure_cpu_peak_flops()
+    assert time.perf_counter() - start < 1.0
+    assert 1e8 < flops < 1e14
+    assert peak_flops("cpu") == flops
+
+
+# --------------------------------------------------------------------------- the CLI edge
+
+
+def test_json_is_one_object_with_the_required_keys():
+    out = smolforge("plan", str(SMOLLM3_3B), "--tokens", "11e12", "--gpus", "384", "--days", "24", "--json")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)  # the whole of stdout is one JSON object
+    assert isinstance(plan, dict) and REQUIRED_KEYS <= set(plan)
+    assert set(plan["memory_per_gpu_bytes"]) == {"0", "1", "2", "3"}
+    assert all(MEMORY_KEYS <= set(m) for m in plan["memory_per_gpu_bytes"].values())
+    assert 0.2 < plan["mfu_required"] < 0.4 and plan["gpus_needed"] == 384
+    assert plan["kv_cache_bytes_per_token"] == 73728
+
+
+def test_table_is_the_default_output(capsys):
+    assert main(["plan", str(SMOLLM3_3B), "--tokens", "11T", "--mfu", "0.3", "--days", "24",
+                 "--price", "2"]) == 0
+    out = capsys.readouterr().out
+    for text in ("parameters", "3.075B", "GPUs needed", "MFU assumed", "30.0%", "memory per GPU",
+                 "KV cache per token", "73728 B"):
+        assert text in out
+    assert not out.lstrip().startswith("{")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--mfu", "0.7"], "70%"),                          # assumed
+    (["--gpus", "384", "--days", "10"], "> 60%"),      # required by a too-short schedule
+    (["--gpus", "384", "--days", "5"], "impossible"),  # above the peak
+])
+def test_mfu_above_60_percent_prints_a_warning(args, says, capsys):
+    assert main(["plan", str(SMOLLM3_3B), "--tokens", "11e12", *args]) == 0
+    err = capsys.readouterr().err
+    assert "warning:" in err and says in err
+
+
+def test_plausible_mfu_prints_no_warning(capsys):
+    assert main(["plan", str(SMOLLM3_3B), "--tokens", "11e12", "--mfu", "0.3", "--days", "24"]) == 0
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_unknown_gpu_exits_2_naming_the_close_match(capsys):
+    assert main(["plan", str(SMOLLM3_3B), "--gpu", "h10"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("RecipeError: unknown GPU 'h10'") and "did you mean 'h100'?" in err
+    assert "a10g" in err and "Traceback" not in err
+
+
+def test_non_pretrain_recipe_exits_2(capsys):
+    sft = REPO / "recipes" / "demo" / "sft.yaml"
+    assert main(["plan", str(sft)]) == 2
+    err = capsys.readouterr().err
+    assert "RecipeError" in err and "stage 'sft'" in err and "stage: pretrain" in err
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--gpus", "0", "--days", "24"], "--gpus must be a number > 0"),
+    (["--days", "-1"], "--days must be a number > 0"),
+    (["--tokens", "lots"], "--tokens must be a number > 0"),
+    (["--mfu", "30"], "fraction of peak"),
+    (["--price", "0"], "--price must be a number > 0"),
+    (["--seq-len", "0"], "--seq-len must be a number > 0"),
+    (["--gpus", "1.5"], "whole number"),
+    (["--tokns", "5"], "did you mean '--tokens'?"),
+])
+def test_bad_numbers_exit_2(args, says, capsys):
+    assert main(["plan", str(SMOLLM3_3B), *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_errors_are_raised_in_process_too():
+    with pytest.raises(RecipeError, match="unknown GPU 'b200'"):
+        plan_file(SMOLLM3_3B, gpu="b200")
+
+
+def test_help_stays_fast_and_light():
+    start = time.perf_counter()
+    out = smolforge("--help")
+    assert out.returncode == 0 and "plan" in out.stdout
+    assert time.perf_counter() - start < 2.0
+    probe = subprocess.run(
+        [sys.executable, "-c", "import smolforge.cli, sys; "
+         "print(sorted({'torch', 'transformers', 'pretrain.planner'} & set(sys.modules)))"],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=30)
+    assert probe.stdout.strip() == "[]"
+
+
+def test_plan_help_shows_an_example(capsys):
+    assert main(["plan", "--help"]) == 0
+    assert "example:\n  smolforge plan recipes/smollm3-3b/pretrain.yaml" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------------------- the recipes
+
+
+@pytest.mark.parametrize("path", [SMOLLM3_3B, SMOLLM3_1B])
+def test_real_scale_recipes_build_into_the_pretrain_recipe(path):
+    from pretrain.stage import Recipe
+
+    stage, data = load_recipe(path)
+    recipe = build(Recipe, data, source=str(path))
+    assert stage == "pretrain" and isinstance(recipe, Recipe)
+    assert recipe.data == "data-smollm3" and recipe.train.precision == "bf16"
+    m = recipe.model
+    assert (m.hidden_size, m.num_heads, m.num_kv_heads, m.nope_every, m.tie_word_embeddings) == (
+        2048, 16, 4, 4, True)
+    assert recipe.train.seq_len == m.max_position_embeddings == 4096
+
+
+def test_smollm3_3b_recipe_is_the_real_shape(recipe_3b):
+    m, t = recipe_3b.model, recipe_3b.train
+    assert (m.num_layers, m.intermediate_size, m.rope_theta) == (36, 11008, 50000.0)
+    assert (t.micro_batch_size, t.learning_rate, t.schedule, t.warmup_steps, t.decay_fraction,
+            t.zero_stage) == (3, 2e-4, "wsd", 2000, 0.1, 1)
+    global_batch = t.micro_batch_size * t.grad_accum * t.seq_len * 192  # 192 data-parallel replicas
+    assert global_batch == 2_359_296  # SmolLM3's published GBS, ≈2.36M tokens
+
+
+def test_smollm3_1b_recipe_counts_about_1_2b():
+    recipe = load_pretrain_recipe(SMOLLM3_1B)
+    assert count_parameters(recipe.model, 128256) == 1_235_814_400  # the figure in its comment

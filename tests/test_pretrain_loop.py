@@ -1,0 +1,237 @@
+"""Pretraining the playbook's way on tiny models: staged mixtures, spike guard, exact resume after a
+real SIGKILL, corrupt-checkpoint fallback, and 2-process ZeRO-2/ZeRO-3 runs over gloo."""
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import string
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+from conftest import REPO, TINY, run_stage, tiny_recipe
+from pretrain import stage as pretrain_stage
+from pretrain.mixture import MixtureSampler, Phase
+from smolforge.errors import RecipeError
+from smolforge.runs import Run
+
+QUIET = {"tracking": {"report_to": ["none"]}}
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def losses(run_dir) -> dict[int, float]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: m["loss"] for m in lines if "loss" in m}
+
+
+def events(run_dir, kind: str) -> list[dict]:
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if m.get("event") == kind]
+
+
+def write_recipe(path, runs, name, data, **changes) -> list[str]:
+    """A tiny pretrain recipe file and the CLI arguments that run it."""
+    recipe = {"stage": "pretrain", "name": name, "data": data, "model": TINY["pretrain"]["model"], **QUIET}
+    for key, value in changes.items():
+        recipe[key] = value
+    path.write_text(yaml.safe_dump(recipe))
+    return ["-m", "smolforge", "--runs-dir", str(runs.root), "pretrain", "--config", str(path)]
+
+
+# -- mixtures ----------------------------------------------------------------------------------
+def test_sampler_realises_weights_deterministically_and_resumes_exactly():
+    phases = [Phase(until=1.0, weights={"web": 0.7, "math": 0.3})]
+    a = MixtureSampler({"web": 50, "math": 20}, phases, total_steps=300, rows_per_step=16, seed=3)
+    batches = [a.next_batch(step) for step in range(1, 201)]
+    assert abs(a.realised_mix()["0"]["web"] - 0.7) < 0.03
+    b = MixtureSampler({"web": 50, "math": 20}, phases, total_steps=300, rows_per_step=16, seed=3)
+    assert [b.next_batch(step) for step in range(1, 201)] == batches
+    c = MixtureSampler({"web": 50, "math": 20}, phases, total_steps=300, rows_per_step=16, seed=3)
+    c.load_state_dict(json.loads(json.dumps(a.state_dict())))  # through JSON, as in a checkpoint
+    assert [c.next_batch(s) for s in range(201, 211)] == [a.next_batch(s) for s in range(201, 211)]
+    # within a domain, an epoch visits every row once
+    web_rows = [i for batch in batches for d, i in batch if d == "web"][:50]
+    assert sorted(web_rows) == list(range(50))
+
+
+def test_pretrain_follows_the_mixture_phases_and_reports_the_realised_mix(runs, data_run):
+    mixture = [{"until": 0.5, "weights": {"facts": 1.0}}, {"until": 1.0, "weights": {"facts": 0.0, "math": 1.0}}]
+    run = run_stage("pretrain", runs, name="pretrain-mix", mixture=mixture, train={"max_steps": 8},
+                    checkpoint={"every_steps": 0}, **QUIET)
+    assert run.metrics["train/mix/phase0/facts"] == 1.0
+    assert run.metrics["train/mix/phase1/math"] == 1.0
+    assert "train/mix/phase0/math" not in run.metrics
+
+
+def test_mixture_naming_an_unknown_domain_is_refused(runs, data_run):
+    recipe = tiny_recipe("pretrain", mixture=[{"until": 1.0, "weights": {"web": 1.0}}])
+    with pytest.raises(RecipeError, match="unknown domain.*web; the data has facts, math"):
+        pretrain_stage.validate(recipe, runs)
+
+
+# -- spike guard -------------------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def spiky_data(runs, tmp_path_factory):
+    """Repetitive 'clean' text the model learns at once, and a 'noise' domain of random strings."""
+    rng = random.Random(0)
+    rows = [{"text": "one two three four five six seven eight nine ten. " * 3, "domain": "clean"}
+            for _ in range(300)]
+    rows += [{"text": "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(400)),
+              "domain": "noise"} for _ in range(40)]
+    path = tmp_path_factory.mktemp("spiky") / "pretrain.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run_stage("data", runs, name="data-spiky", sources={"pretrain": str(path)})
+
+
+SPIKE_MIXTURE = [{"until": 0.6, "weights": {"clean": 1.0}},           # steps 1-14
+                 {"until": 0.65, "weights": {"clean": 0.0, "noise": 1.0}},  # step 15: a batch of noise
+                 {"until": 1.0, "weights": {"clean": 1.0}}]
+
+
+def spiky_run(runs, name, action, **extra):
+    return run_stage("pretrain", runs, name=name, data="data-spiky", mixture=SPIKE_MIXTURE,
+                     train={"max_steps": 24, "log_every": 1, "learning_rate": 1e-2, "warmup_steps": 2},
+                     spike={"action": action, "factor": 3.0, "window": 5, "min_history": 5}, **QUIET, **extra)
+
+
+def test_spike_guard_skips_a_bad_batch_without_moving_the_weights(runs, spiky_data):
+    skipped = spiky_run(runs, "pretrain-skip", "skip", checkpoint={"every_steps": 0})
+    spikes = events(skipped.path, "spike")
+    assert [(e["step"], e["action"]) for e in spikes] == [(15, "skip")]
+    assert spikes[0]["reason"].startswith("loss ")
+    assert skipped.metrics["train/spikes"] == 1
+    # without the guard the same batch is trained on: the runs agree up to step 15, then part
+    control = spiky_run(runs, "pretrain-noguard", "off", checkpoint={"every_steps": 0})
+    assert events(control.path, "spike") == []
+    guarded, unguarded = losses(skipped.path), losses(control.path)
+    assert [guarded[s] for s in range(1, 16)] == [unguarded[s] for s in range(1, 16)]
+    assert guarded[16] != unguarded[16]
+
+
+def test_a_skipped_step_leaves_the_weights_exactly_as_they_were(runs, spiky_data):
+    from transformers import AutoModelForCausalLM
+
+    common = {"data": "data-spiky", "checkpoint": {"every_steps": 0}, **QUIET,
+              "spike": {"action": "skip", "factor": 3.0, "window": 5, "min_history": 5}}
+    train = {"log_every": 1, "learning_rate": 1e-2, "warmup_steps": 2, "schedule": "constant"}
+    clean = run_stage("pretrain", runs, name="pretrain-14", train={**train, "max_steps": 14},
+                      mixture=[{"until": 1.0, "weights": {"clean": 1.0}}], **common)
+    spiked = run_stage("pretrain", runs, name="pretrain-14-plus-noise", train={**train, "max_steps": 15},
+                       mixture=[{"until": 0.94, "weights": {"clean": 1.0}},
+                                {"until": 1.0, "weights": {"clean": 0.0, "noise": 1.0}}], **common)
+    assert [e["step"] for e in events(spiked.path, "spike")] == [15]
+    a = AutoModelForCausalLM.from_pretrained(clean.model_dir).state_dict()
+    b = AutoModelForCausalLM.from_pretrained(spiked.model_dir).state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_spike_guard_rewinds_to_the_last_checkpoint_and_skips_the_window(runs, spiky_data):
+    rewound = spiky_run(runs, "pretrain-rewind", "rewind", checkpoint={"every_steps": 5})
+    spikes = events(rewound.path, "spike")
+    assert [(e["step"], e["action"], e["to_step"], e["skipped_steps"]) for e in spikes] == [(15, "rewind", 10, 5)]
+    assert rewound.status == "done"
+
+
+# -- checkpoints and exact resume --------------------------------------------------------------
+def test_sigkill_then_resume_matches_an_uninterrupted_run(runs, data_run, tmp_path):
+    train = {"max_steps": 80, "log_every": 1, "micro_batch_size": 8, "seq_len": 128}
+    checkpoint = {"every_steps": 10, "keep": 2}
+    reference = write_recipe(tmp_path / "ref.yaml", runs, "pretrain-reference", data_run.name,
+                             train=train, checkpoint=checkpoint)
+    subprocess.run([sys.executable, *reference], check=True, capture_output=True, cwd=REPO, timeout=300)
+
+    killed = write_recipe(tmp_path / "kill.yaml", runs, "pretrain-killed", data_run.name,
+                          train=train, checkpoint=checkpoint)
+    run_dir = runs.root / "pretrain-killed"
+    proc = subprocess.Popen([sys.executable, *killed], cwd=REPO, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 240
+    while not (run_dir / "checkpoints" / "step-30").exists() and time.time() < deadline:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert proc.returncode == -signal.SIGKILL
+    assert Run(run_dir).status == "running"  # killed mid-training: not done, no model
+    assert not (run_dir / "model").exists()
+    assert max(losses(run_dir)) < 80
+
+    resumed = subprocess.run([sys.executable, *killed], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert Run(run_dir).status == "done"
+    [resume] = events(run_dir, "resume")
+    assert resume["step"] >= 30
+    assert losses(run_dir) == losses(runs.root / "pretrain-reference")  # every step, bit for bit
+
+
+def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(runs, data_run, caplog):
+    name = "pretrain-corrupt"
+    original = run_stage("pretrain", runs, name=name, train={"max_steps": 12, "log_every": 1},
+                         checkpoint={"every_steps": 4, "keep": 3}, **QUIET)
+    before = losses(original.path)
+    assert sorted(p.name for p in original.checkpoints_dir.iterdir()) == ["step-12", "step-4", "step-8"]
+    # simulate a crash during step 12's write being noticed later: newest checkpoint damaged
+    victim = max((p for p in (original.checkpoints_dir / "step-12").rglob("*.pt")), key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    info = json.loads((original.path / "run.json").read_text())
+    (original.path / "run.json").write_text(json.dumps({**info, "status": "failed", "error": "node lost"}))
+
+    recipe = tiny_recipe("pretrain", name=name, train={"max_steps": 12, "log_every": 1},
+                         checkpoint={"every_steps": 4, "keep": 3}, **QUIET)
+    with caplog.at_level("WARNING"):
+        resumed = pretrain_stage.run(recipe, runs)
+    assert "step-12 is unusable (checksum mismatch" in caplog.text
+    assert [e["checkpoint"] for e in events(resumed.path, "resume")] == ["step-8"]
+    assert resumed.status == "done" and losses(resumed.path) == before
+
+
+def test_resuming_is_refused_when_asked_never(runs, data_run):
+    name = "pretrain-never"
+    run_stage("pretrain", runs, name=name, train={"max_steps": 4}, checkpoint={"every_steps": 2}, **QUIET)
+    path = runs.root / name / "run.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), "status": "failed"}))
+    recipe = tiny_recipe("pretrain", name=name, checkpoint={"every_steps": 2, "resume": "never"}, **QUIET)
+    with pytest.raises(Exception, match="exists unfinished"):
+        pretrain_stage.run(recipe, runs)
+
+
+# -- several processes ---------------------------------------------------------------------------
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_two_process_zero_run_matches_one_process(runs, data_run, tmp_path, zero_stage):
+    train = {"max_steps": 6, "log_every": 1, "seq_len": 64, "zero_stage": zero_stage}
+    one = write_recipe(tmp_path / "one.yaml", runs, f"pretrain-1p-z{zero_stage}", data_run.name,
+                       train={**train, "micro_batch_size": 8})
+    two = write_recipe(tmp_path / "two.yaml", runs, f"pretrain-2p-z{zero_stage}", data_run.name,
+                       train={**train, "micro_batch_size": 4})
+    single_run = subprocess.run([sys.executable, *one], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert single_run.returncode == 0, single_run.stderr[-3000:]
+    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
+                               "--master_port", str(free_port()), *two],
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    single, double = losses(runs.root / f"pretrain-1p-z{zero_stage}"), losses(runs.root / f"pretrain-2p-z{zero_stage}")
+    assert list(double) == list(range(1, 7))
+    # same global batch each step; only the per-rank loss averaging differs
+    np.testing.assert_allclose(list(double.values()), list(single.values()), rtol=1e-3)
+    from transformers import AutoModelForCausalLM
+
+    a = AutoModelForCausalLM.from_pretrained(runs.root / f"pretrain-1p-z{zero_stage}" / "model").state_dict()
+    b = AutoModelForCausalLM.from_pretrained(runs.root / f"pretrain-2p-z{zero_stage}" / "model").state_dict()
+    assert a.keys() == b.keys()
+    for key in a:  # ZeRO-3's partitioned weights were gathered into a complete model
+        torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-3)
