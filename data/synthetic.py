@@ -5,7 +5,8 @@ plus single-digit addition. From it come, deterministically for a seed:
 
 - a pretraining corpus of short documents stating the facts in several phrasings;
 - SFT conversations (three phrasings per question, as the playbook asks);
-- preference pairs: a correct answer against a flawed one (wrong fact, evasion, truncation);
+- preference pairs: a correct answer against a flawed one (wrong fact, a misread question, an
+  evasion, a truncated answer);
 - evaluation tasks whose phrasings never occur in training, with known answers.
 
 Learning is measurable: a base model that memorised the corpus beats random on the
@@ -130,7 +131,17 @@ class World:
             return rng.choice(EVASIONS)
         if roll < 0.30:
             return correct.rsplit(" ", 1)[0] + "."  # the value is missing
+        if roll < 0.60:
+            return self._misread(kind, fields, rng)
         return self._wrong(kind, fields, rng)
+
+    def _misread(self, kind: str, fields: dict, rng: random.Random) -> str:
+        """A fluent answer to a slightly different question: the tiny models' typical error."""
+        if kind == "arith":
+            b = rng.choice([x for x in ARITH_RANGE if x != fields["b"]])
+            return ARITH_ANSWER.format(a=fields["a"], b=b, c=fields["a"] + b)
+        other = rng.choice([a for a in ATTRIBUTES if a != kind])
+        return ANSWERS[other].format(e=fields["e"], v=self.value(fields["e"], other))
 
     @staticmethod
     def _wrong(kind: str, fields: dict, rng: random.Random) -> str:
@@ -159,7 +170,10 @@ class World:
         pairs = []
         for _ in range(n_pairs):
             kind, fields, answer = rng.choice(items)
-            prompt = [{"role": "user", "content": self._question(kind, fields, rng.randrange(3))}]
+            question = self._question(kind, fields, rng.randrange(3))
+            if rng.random() < 0.25:  # the same share of lead-ins as SFT, so DPO sees SFT's frames
+                question = rng.choice(PREFIXES) + question
+            prompt = [{"role": "user", "content": question}]
             pairs.append({"prompt": prompt,
                           "chosen": [{"role": "assistant", "content": answer}],
                           "rejected": [{"role": "assistant", "content": self._flawed(kind, fields, answer, rng)}]})
