@@ -1,6 +1,6 @@
 """Pretraining throughput: smolforge's DeepSpeed loop vs a plain HF ``Trainer``, same model and data.
 
-    .venv/bin/python bench/pretrain_throughput.py               # demo model, 60 steps, 2 rounds
+    .venv/bin/python bench/pretrain_throughput.py               # demo model, 100 steps, 3 rounds
     .venv/bin/python bench/pretrain_throughput.py --steps 100 --rounds 3
 
 Both train the demo SmolLM3 shape on the same packed rows (padding-free, per-document
@@ -37,16 +37,17 @@ def recipe(stage: str, **changes):
     return build_stage_recipe(load_stage(stage), deep_merge(data, changes), source=f"bench {stage}")
 
 
-def ours(runs: Runs, steps: int, warmup: int, name: str) -> float:
-    """Steady-state tokens/s of the pretrain stage (its own per-step log, warm-up steps dropped)."""
+def ours(runs: Runs, steps: int, warmup: int, name: str, zero_stage: int) -> tuple[float, int]:
+    """Steady-state tokens/s of the pretrain stage (its own per-step log, warm-up steps dropped),
+    and the ZeRO stage it ran (one process runs ZeRO-0, see pretrain.stage.effective_zero_stage)."""
     stage = load_stage("pretrain")
-    r = recipe("pretrain", name=name, train={"max_steps": steps, "log_every": 1},
+    r = recipe("pretrain", name=name, train={"max_steps": steps, "log_every": 1, "zero_stage": zero_stage},
                checkpoint={"every_steps": 0}, tracking={"report_to": ["none"]}, mixture=[])
     run = stage.run(r, runs, overwrite=True)
     lines = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     times = [m["time"] for m in lines if "loss" in m]
     tokens_per_step = r.train.micro_batch_size * r.train.seq_len
-    return (len(times) - 1 - warmup) * tokens_per_step / (times[-1] - times[warmup])
+    return (len(times) - 1 - warmup) * tokens_per_step / (times[-1] - times[warmup]), run.metrics["train/zero_stage"]
 
 
 def hf_trainer(rows: list[dict], vocab: int, tokenizer, steps: int, warmup: int, workdir: Path) -> float:
@@ -89,9 +90,11 @@ def padded_efficiency(token_lists: list[list[int]], batch_size: int, seq_len: in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=10)
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--zero-stage", type=int, default=None,
+                        help="ZeRO stage of smolforge's loop (default: the demo recipe's)")
     args = parser.parse_args()
 
     from data.packing import packing_efficiency
@@ -111,7 +114,9 @@ def main() -> None:
 
     ours_tps, hf_tps = [], []
     for round_ in range(args.rounds):
-        ours_tps.append(ours(runs, args.steps, args.warmup, f"bench-ours-{round_}"))
+        zero = recipe("pretrain").train.zero_stage if args.zero_stage is None else args.zero_stage
+        tps, ran_zero = ours(runs, args.steps, args.warmup, f"bench-ours-{round_}", zero)
+        ours_tps.append(tps)
         hf_tps.append(hf_trainer(rows, len(tokenizer), tokenizer, args.steps, args.warmup, workdir))
         print(f"round {round_ + 1}: smolforge {ours_tps[-1]:,.0f} tok/s, HF Trainer {hf_tps[-1]:,.0f} tok/s",
               flush=True)
@@ -124,14 +129,16 @@ def main() -> None:
 
     ours_median, hf_median = statistics.median(ours_tps), statistics.median(hf_tps)
     print(render_table(["loop", "tokens/s (median)", "rounds"],
-                       [["smolforge (DeepSpeed ZeRO-2)", f"{ours_median:,.0f}", len(ours_tps)],
+                       [[f"smolforge (DeepSpeed, recipe ZeRO-{zero}, ran ZeRO-{ran_zero})", f"{ours_median:,.0f}",
+                         len(ours_tps)],
                         ["HF Trainer", f"{hf_median:,.0f}", len(hf_tps)]]))
     print(render_table(["batches", "packing efficiency"], [["packed (padding-free)", f"{packed:.3f}"],
                                                            ["padded per document", f"{padded:.3f}"]]))
     print(json.dumps({"bench": "pretrain_throughput", "ours_tokens_per_s": round(ours_median, 1),
                       "hf_trainer_tokens_per_s": round(hf_median, 1), "ratio": round(ours_median / hf_median, 3),
                       "packed_efficiency": round(packed, 4), "padded_efficiency": round(padded, 4),
-                      "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds}))
+                      "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
+                      "zero_stage_recipe": zero, "zero_stage_ran": ran_zero}))
 
 
 if __name__ == "__main__":

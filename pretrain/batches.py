@@ -5,10 +5,10 @@ packed separately so a mixture can weight them. A global batch of ``(domain, row
 split so every process gets a contiguous slice of each micro-step's rows: 1 process with micro
 batch 8 and 2 processes with micro batch 4 train on exactly the same data.
 
-    >>> rows = {"d": [{"input_ids": [1, 2], "position_ids": [0, 1], "labels": [-100, 2]}] * 4}
+    >>> rows = as_tensors({"d": [{"input_ids": [1, 2], "position_ids": [0, 1], "labels": [-100, 2]}] * 4})
     >>> picks = [("d", 0), ("d", 1), ("d", 2), ("d", 3)]
-    >>> [len(b["input_ids"]) for b in micro_batches(rows, picks, micro_batch_size=1, grad_accum=2, rank=1, world=2)]
-    [1, 1]
+    >>> [tuple(b["input_ids"].shape) for b in micro_batches(rows, picks, micro_batch_size=1, grad_accum=2, rank=1, world=2)]
+    [(1, 2), (1, 2)]
 """
 from __future__ import annotations
 
@@ -41,12 +41,21 @@ def load_domains(path: Path, tokenizer, seq_len: int) -> dict[str, list[dict]]:
     return packed
 
 
-def micro_batches(rows: dict[str, list[dict]], picks: list[tuple[str, int]], micro_batch_size: int,
+def as_tensors(domains: dict[str, list[dict]]) -> dict[str, dict[str, "torch.Tensor"]]:
+    """``{domain: {key: LongTensor[rows, seq_len]}}``: batches are then one index-select away."""
+    import torch
+
+    return {d: {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in KEYS} for d, rows in domains.items()}
+
+
+def micro_batches(domains: dict[str, dict], picks: list[tuple[str, int]], micro_batch_size: int,
                   grad_accum: int, rank: int, world: int) -> list[dict]:
-    """This rank's ``grad_accum`` micro-batches (lists of token lists) from a global batch."""
+    """This rank's ``grad_accum`` micro-batches (tensors) from a global batch of (domain, row) picks."""
+    import torch
+
     per_micro = micro_batch_size * world
     out = []
     for m in range(grad_accum):
         chunk = picks[m * per_micro:(m + 1) * per_micro][rank * micro_batch_size:(rank + 1) * micro_batch_size]
-        out.append({k: [rows[d][i][k] for d, i in chunk] for k in KEYS})
+        out.append({k: torch.stack([domains[d][k][i] for d, i in chunk]) for k in KEYS})
     return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -40,6 +41,8 @@ from .mixture import MixtureSampler, Phase, validate_phases
 from .model import ModelShape
 from .schedule import SCHEDULES
 from .spike import ACTIONS, SpikeGuard
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -191,12 +194,24 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     return run.reload()
 
 
+def effective_zero_stage(t: TrainSpec, world: int) -> int:
+    """ZeRO shards across processes; with one process there is nothing to shard, and stages 1-3
+    only add buffer copies (8 % slower than stage 0 on the demo, bench/pretrain_throughput.py).
+    Optimizer offload is the exception: it moves state off the device even on one process."""
+    if world == 1 and t.zero_stage > 0 and not t.offload_optimizer:
+        log.info("one process: ZeRO-%d has nothing to shard, running ZeRO-0 (stage %d applies with more "
+                 "processes)", t.zero_stage, t.zero_stage)
+        return 0
+    return t.zero_stage
+
+
 class Loop:
     """load → setup → train; the step body is in :meth:`train` and fits on a screen."""
 
     def __init__(self, recipe: Recipe, run: Run, deepspeed, tokenizer, domains: dict, rank: int, world: int):
         import torch
 
+        from .batches import as_tensors
         from .flops import flops_per_token, peak_flops
         from .model import build_model
         from .monitor import ThroughputMonitor
@@ -216,12 +231,15 @@ class Loop:
                                       betas=(t.adam_beta1, t.adam_beta2))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lr_multiplier(t.schedule, t.max_steps, t.warmup_steps, t.min_lr_ratio, t.decay_fraction))
-        config = ds_config(t.micro_batch_size, t.grad_accum, world, t.grad_clip, t.zero_stage,
-                           t.precision == "bf16", t.offload_optimizer)
+        self.zero_stage = effective_zero_stage(t, world)
+        # At ZeRO-0 DeepSpeed clips but discards the norm, so the loop clips itself (see step()).
+        config = ds_config(t.micro_batch_size, t.grad_accum, world, t.grad_clip if self.zero_stage else 0.0,
+                           self.zero_stage, t.precision == "bf16", t.offload_optimizer)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                  lr_scheduler=self.scheduler, config=config)
         self.rows_per_step = t.micro_batch_size * t.grad_accum * world
         self.tokens_per_step = self.rows_per_step * t.seq_len
+        self.domains = as_tensors(domains)
         self.sampler = MixtureSampler({d: len(r) for d, r in domains.items()},
                                       phases_of(recipe, {d: len(r) for d, r in domains.items()}),
                                       t.max_steps, self.rows_per_step, seed=t.seed)
@@ -238,6 +256,7 @@ class Loop:
                                    recipe.tracking.prometheus_port)
         self.events: list[dict] = []
         self.spikes_in_a_row = 0
+        self.grad_norm: float | None = None
         self.last_checkpoint_time = time.monotonic()
 
     # -- the loop ---------------------------------------------------------------------------
@@ -256,8 +275,7 @@ class Loop:
             for step in range(start + 1, t.max_steps + 1):
                 torch.manual_seed(t.seed * 100_003 + step * 101 + self.rank)  # resume-exact dropout
                 loss, skipped, reason = self.step(step)
-                grad_norm = self.engine.get_global_grad_norm()
-                grad_norm = None if grad_norm is None or skipped else float(grad_norm)
+                grad_norm = None if skipped else self.last_grad_norm()
                 if reason is None and self.recipe.spike.action != "off":
                     reason = self.guard.check(grad_norm=grad_norm)
                 if reason:
@@ -297,7 +315,7 @@ class Loop:
         picks = self.sampler.next_batch(step)
         losses, spiked, spike_reason = [], 0, None
         for micro in micro_batches(self.domains, picks, t.micro_batch_size, t.grad_accum, self.rank, self.world):
-            batch = {k: torch.tensor(v, device=self.engine.device) for k, v in micro.items()}
+            batch = {k: v.to(self.engine.device) for k, v in micro.items()}
             loss = self.engine(**batch, use_cache=False).loss
             value = mean_across_ranks(loss.item())
             reason = self.guard.check(loss=value) if self.recipe.spike.action != "off" else None
@@ -312,8 +330,15 @@ class Loop:
                 for group in self.optimizer.param_groups:
                     group["lr"] = 0.0
             self.engine.backward(loss)
+            if self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary():
+                self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
+                    self.engine.module.parameters(), t.grad_clip if t.grad_clip > 0 else float("inf")))
             self.engine.step()
         return sum(losses) / len(losses), spiked == t.grad_accum, spike_reason
+
+    def last_grad_norm(self) -> float | None:
+        norm = self.grad_norm if self.zero_stage == 0 else self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
 
     # -- spikes -----------------------------------------------------------------------------
     def on_spike(self, step: int, reason: str) -> None:
@@ -402,7 +427,7 @@ class Loop:
     def finish(self, seconds: float, start: int) -> None:
         import deepspeed
 
-        if self.t.zero_stage == 3:  # parameters are partitioned: gather them to save one model
+        if self.zero_stage == 3:  # parameters are partitioned: gather them to save one model
             with deepspeed.zero.GatheredParameters(list(self.engine.module.parameters()), modifier_rank=None):
                 if self.rank == 0:
                     self.run.save_model(self.engine.module, self.tokenizer)
@@ -419,7 +444,8 @@ class Loop:
                    "train/seconds": round(seconds, 1),
                    "train/tokens_per_s": round(trained * self.tokens_per_step / max(seconds, 1e-9), 1),
                    "train/spikes": sum(1 for m in logged if m.get("event") == "spike"),
-                   "train/resumes": sum(1 for m in logged if m.get("event") == "resume")}
+                   "train/resumes": sum(1 for m in logged if m.get("event") == "resume"),
+                   "train/zero_stage": self.zero_stage, "train/processes": self.world}
         for phase, mix in self.sampler.realised_mix().items():
             metrics.update({f"train/mix/phase{phase}/{d}": share for d, share in mix.items()})
         self.run.finish(metrics=metrics)
