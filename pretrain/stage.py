@@ -237,6 +237,10 @@ class Loop:
                            self.zero_stage, t.precision == "bf16", t.offload_optimizer)
         self.engine, self.optimizer, _, _ = deepspeed.initialize(model=model, optimizer=optimizer,
                                                                  lr_scheduler=self.scheduler, config=config)
+        if world == 1 and self.zero_stage == 0:
+            # A one-process all-reduce only flattens and copies every gradient back. (Under ZeRO
+            # this hook is what moves gradients into the partitions: it must stay on there.)
+            self.engine.enable_backward_allreduce = False
         self.rows_per_step = t.micro_batch_size * t.grad_accum * world
         self.tokens_per_step = self.rows_per_step * t.seq_len
         self.domains = as_tensors(domains)
@@ -257,6 +261,7 @@ class Loop:
         self.events: list[dict] = []
         self.spikes_in_a_row = 0
         self.grad_norm: float | None = None
+        self.step_lr = 0.0
         self.last_checkpoint_time = time.monotonic()
 
     # -- the loop ---------------------------------------------------------------------------
@@ -330,6 +335,8 @@ class Loop:
                 for group in self.optimizer.param_groups:
                     group["lr"] = 0.0
             self.engine.backward(loss)
+            if self.engine.is_gradient_accumulation_boundary():
+                self.step_lr = self.optimizer.param_groups[0]["lr"]  # the LR this step applies
             if self.zero_stage == 0 and self.engine.is_gradient_accumulation_boundary():
                 self.grad_norm = float(torch.nn.utils.clip_grad_norm_(
                     self.engine.module.parameters(), t.grad_clip if t.grad_clip > 0 else float("inf")))
@@ -417,7 +424,7 @@ class Loop:
             self.tracker.event(step, kind, **details)
 
     def log(self, step: int, window: list[float], grad_norm: float | None) -> None:
-        values = {"loss": round(sum(window) / len(window), 6), "lr": self.scheduler.get_last_lr()[0],
+        values = {"loss": round(sum(window) / len(window), 6), "lr": self.step_lr,
                   "grad_norm": None if grad_norm is None else round(grad_norm, 6),
                   "tokens": step * self.tokens_per_step, **self.monitor.window()}
         if self.rank == 0:

@@ -235,3 +235,22 @@ def test_two_process_zero_run_matches_one_process(runs, data_run, tmp_path, zero
     assert a.keys() == b.keys()
     for key in a:  # ZeRO-3's partitioned weights were gathered into a complete model
         torch.testing.assert_close(a[key], b[key], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("train", [
+    {"zero_stage": 2, "offload_optimizer": True},   # ZeRO-Offload keeps ZeRO-2 even on one process
+    {"activation_checkpointing": True, "schedule": "wsd"},
+    {"precision": "bf16", "grad_accum": 2},
+], ids=["offload", "checkpointing-wsd", "bf16-accum"])
+def test_loop_options_train_and_are_recorded(runs, data_run, train):
+    name = "pretrain-" + "-".join(f"{k}{v}" for k, v in train.items()).replace("_", "")
+    run = run_stage("pretrain", runs, name=name, train={"max_steps": 10, "log_every": 1, **train},
+                    checkpoint={"every_steps": 0}, **QUIET)
+    logged = losses(run.path)
+    assert len(logged) == 10 and logged[10] < logged[1]
+    assert run.metrics["train/zero_stage"] == (2 if train.get("offload_optimizer") else 0)
+    assert run.info["recipe"]["train"] | train == run.info["recipe"]["train"]
+    lrs = [json.loads(line)["lr"] for line in run.metrics_path.read_text().splitlines() if "lr" in line]
+    if train.get("schedule") == "wsd":  # flat at the peak until the decay window (last 20 %)
+        assert lrs[2] == lrs[7] == pytest.approx(run.info["recipe"]["train"]["learning_rate"])
+        assert lrs[-1] < lrs[7]
