@@ -13,7 +13,7 @@ from data.packing import IGNORE_INDEX, pack_documents, packing_efficiency
 from data.schemas import load_rows, validate_row
 from data.synthetic import (ANSWERS, ARITH_ANSWER, ARITH_QUESTIONS, ARITH_RANGE, ATTRIBUTES,
                             EVAL_ARITH_CONTEXT, EVAL_ARITH_QUESTION, EVAL_CONTEXTS, EVAL_QUESTIONS,
-                            QUESTIONS, World, chat_text)
+                            PREFIXES, QUESTIONS, World, chat_text)
 from data.tokenizer import DOC_SEPARATOR, SPECIAL_TOKENS, train_tokenizer
 from evals.suite import SUITES_DIR, load_suite, write_embedded
 from smolforge.errors import DataError
@@ -101,19 +101,25 @@ def test_preference_pairs_prefer_the_correct_answer(world):
     pairs = world.preference_pairs()
     table = correct_answers(world)
     assert len(pairs) == 400
+    led_in = 0
     for pair in pairs:
         assert pair["chosen"] != pair["rejected"]
         [question] = pair["prompt"]
         assert question["role"] == "user"
-        assert question["content"] in table, f"prompt is not a training phrasing: {question['content']!r}"
-        correct = table[question["content"]]
+        content = question["content"]
+        prefix = next((p for p in PREFIXES if content.startswith(p)), "")
+        led_in += bool(prefix)
+        content = content[len(prefix):]  # SFT's lead-ins ("Quick question: ") may precede it
+        assert content in table, f"prompt is not a training phrasing: {question['content']!r}"
+        correct = table[content]
         assert pair["chosen"] == [{"role": "assistant", "content": correct}]
         [rejected] = pair["rejected"]
         assert rejected["role"] == "assistant" and rejected["content"] != correct
+    assert 0.15 < led_in / len(pairs) < 0.35  # about a quarter, like SFT's fourth phrasing
     # Both facts and sums are asked about.
-    kinds = {"arith" if pair["prompt"][0]["content"] in {t.format(a=a, b=b) for t in ARITH_QUESTIONS
-                                                       for a in ARITH_RANGE for b in ARITH_RANGE}
-             else "fact" for pair in pairs}
+    sums = {t.format(a=a, b=b) for t in ARITH_QUESTIONS for a in ARITH_RANGE for b in ARITH_RANGE}
+    kinds = {"arith" if any(pair["prompt"][0]["content"].endswith(q) for q in sums) else "fact"
+             for pair in pairs}
     assert kinds == {"arith", "fact"}
 
 
