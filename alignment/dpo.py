@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def defaults() -> dict:
-    """Recipe values applied beneath the YAML (the playbook: beta 0.1-0.3)."""
-    return {"trainer": trainer_defaults(max_steps=150, per_device_train_batch_size=16, learning_rate=5e-5,
+    """Recipe values applied beneath the YAML (the playbook: LR about 1e-5, beta 0.1-0.3)."""
+    return {"trainer": trainer_defaults(max_steps=150, per_device_train_batch_size=16, learning_rate=1e-5,
                                         lr_scheduler_type="cosine", warmup_steps=5, beta=0.1, max_length=128)}
 
 
