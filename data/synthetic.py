@@ -213,3 +213,39 @@ class World:
 def chat_text(messages: list[dict]) -> str:
     """Plain rendering used only to give the tokenizer trainer chat-shaped text."""
     return "\n".join(m["content"] for m in messages)
+
+
+def duplicate_corpus(n_unique: int, n_exact: int, n_near: int, words_per_doc: int = 100,
+                     edit_range: tuple[float, float] = (0.02, 0.05), seed: int = 0):
+    """A corpus with known duplicates, for measuring deduplication.
+
+    Returns ``(texts, exact, near)`` where ``exact`` and ``near`` map the index of each injected
+    copy to the index of its original. Near copies have 2–5 % of their words replaced.
+
+    >>> texts, exact, near = duplicate_corpus(50, 5, 5, seed=1)
+    >>> len(texts), len(exact), len(near)
+    (60, 5, 5)
+    """
+    rng = random.Random(seed)
+    vocabulary = sorted({"".join(rng.choice(SYLLABLES) for _ in range(rng.choice((1, 2, 3))))
+                         for _ in range(20000)})
+    docs = [[rng.choice(vocabulary) for _ in range(words_per_doc)] for _ in range(n_unique)]
+    texts = [" ".join(d) for d in docs]
+    exact, near = {}, {}
+    for _ in range(n_exact):
+        source = rng.randrange(n_unique)
+        exact[len(texts)] = source
+        texts.append(texts[source])
+    for _ in range(n_near):
+        source = rng.randrange(n_unique)
+        words = list(docs[source])
+        for position in rng.sample(range(len(words)), max(1, round(len(words) * rng.uniform(*edit_range)))):
+            words[position] = rng.choice(vocabulary)
+        near[len(texts)] = source
+        texts.append(" ".join(words))
+    order = list(range(len(texts)))
+    rng.shuffle(order)
+    position = {old: new for new, old in enumerate(order)}
+    shuffled = [texts[i] for i in order]
+    return (shuffled, {position[c]: position[o] for c, o in exact.items()},
+            {position[c]: position[o] for c, o in near.items()})
