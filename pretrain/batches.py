@@ -14,11 +14,15 @@ from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from data.packing import pack_documents
 from data.schemas import load_rows
 from data.tokenizer import DOC_SEPARATOR
 from smolforge.errors import DataError
+
+if TYPE_CHECKING:
+    import torch
 
 KEYS = ("input_ids", "position_ids", "labels")
 

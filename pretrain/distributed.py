@@ -83,10 +83,6 @@ def ds_config(micro_batch_size: int, grad_accum: int, world_size: int, grad_clip
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
 
 
-def rank_and_world() -> tuple[int, int]:
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-
-
 def barrier() -> None:
     import torch.distributed as dist
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.recipe import build, to_dict
-from smolforge.runs import Run, Runs
+from smolforge.runs import Run, Runs, atomic_writer
 
 from . import checkpoint as ckpt
 from .distributed import barrier, broadcast, distributed, ds_config, mean_across_ranks
@@ -217,7 +217,7 @@ class Loop:
         from .monitor import ThroughputMonitor
         from .schedule import lr_multiplier
 
-        self.recipe, self.run, self.tokenizer, self.domains = recipe, run, tokenizer, domains
+        self.recipe, self.run, self.tokenizer = recipe, run, tokenizer
         self.rank, self.world, self.t = rank, world, recipe.train
         t = self.t
         model = build_model(recipe.model, len(tokenizer), seed=t.seed, pad_token_id=tokenizer.pad_token_id,
@@ -258,7 +258,6 @@ class Loop:
 
             self.tracker = Tracker(run.path, run.name, to_dict(recipe), recipe.tracking.report_to,
                                    recipe.tracking.prometheus_port)
-        self.events: list[dict] = []
         self.spikes_in_a_row = 0
         self.grad_norm: float | None = None
         self.step_lr = 0.0
@@ -414,11 +413,11 @@ class Loop:
         path = self.run.metrics_path
         if path.is_file():
             kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-            path.write_text("".join(line + "\n" for line in kept))
+            with atomic_writer(path) as handle:
+                handle.writelines(line + "\n" for line in kept)
 
     # -- reporting --------------------------------------------------------------------------
     def event(self, step: int, kind: str, **details) -> None:
-        self.events.append({"step": step, "event": kind, **details})
         if self.rank == 0:
             self.run.log(step, event=kind, **details)
             self.tracker.event(step, kind, **details)

@@ -16,7 +16,7 @@ import pytest
 
 from pretrain.flops import (DEVICES, attention_flops_per_token, flops_per_token,
                             kv_cache_bytes_per_token, measure_cpu_peak_flops, peak_flops)
-from pretrain.model import ModelShape, count_parameters
+from pretrain.model import count_parameters
 from pretrain.planner import load_pretrain_recipe, make_plan, plan_file
 from smolforge.cli import main
 from smolforge.errors import RecipeError
