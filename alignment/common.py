@@ -12,7 +12,7 @@ from typing import Any
 
 from smolforge.errors import RunError
 from smolforge.recipe import to_dict
-from smolforge.runs import Run, Runs, file_fingerprint
+from smolforge.runs import Run, Runs
 
 
 def cuda_available() -> bool:
@@ -43,12 +43,15 @@ def model_parent(runs: Runs, ref: str) -> Run:
     return parent
 
 
-def lineage_fingerprints(parents: list[Run], own: dict[str, Path]) -> dict[str, str]:
-    """The parents' data fingerprints plus those of the files this stage reads itself."""
+def lineage_fingerprints(parents: list[Run], own: dict[str, list[Path]]) -> dict[str, str]:
+    """The parents' data fingerprints plus those of the files this stage reads itself (several
+    files, e.g. a data run's shards, get one fingerprint: sha256 of their bytes in order)."""
+    from data.shards import files_fingerprint
+
     merged: dict[str, str] = {}
     for parent in parents:
         merged.update(parent.info.get("data_fingerprints") or {})
-    merged.update({label: file_fingerprint(path) for label, path in own.items()})
+    merged.update({label: files_fingerprint(paths) for label, paths in own.items()})
     return merged
 
 
@@ -92,12 +95,12 @@ STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference")}
 
 def validate_inputs(stage: str, recipe, runs: Runs) -> None:
     """The parent has a model and every data row is valid, before any run folder exists."""
-    from data.schemas import load_rows, resolve_data
+    from data.schemas import load_many, resolve_data
 
     kind, schema = STAGE_DATA[stage]
     model_parent(runs, recipe.parent)
-    path, _ = resolve_data(recipe.data, runs, kind)
-    load_rows(path, schema)
+    paths, _ = resolve_data(recipe.data, runs, kind)
+    load_many(paths, schema)
 
 
 def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
@@ -109,15 +112,15 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     """
     from datasets import Dataset
 
-    from data.schemas import load_rows, resolve_data
+    from data.schemas import load_many, resolve_data
 
     kind, schema = STAGE_DATA[stage]
     parent = model_parent(runs, recipe.parent)
-    path, data_run = resolve_data(recipe.data, runs, kind)
-    rows = load_rows(path, schema)
+    paths, data_run = resolve_data(recipe.data, runs, kind)
+    rows = load_many(paths, schema)
     parents = [parent] + ([data_run] if data_run else [])
     with runs.start(stage, recipe.name, to_dict(recipe), parents=parents,
-                    data_fingerprints=lineage_fingerprints(parents, {kind: path}), overwrite=overwrite) as run:
+                    data_fingerprints=lineage_fingerprints(parents, {kind: paths}), overwrite=overwrite) as run:
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
         trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, [run_logger(run)])

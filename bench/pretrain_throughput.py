@@ -99,7 +99,8 @@ def main() -> None:
 
     from data.packing import packing_efficiency
     from data.tokenizer import DOC_SEPARATOR
-    from pretrain.batches import load_domains
+    from data.shards import read_kind
+    from pretrain.batches import pack_shards
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-pretrain-"))
     runs = Runs(workdir / "runs")
@@ -109,7 +110,7 @@ def main() -> None:
 
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
     seq_len = recipe("pretrain").train.seq_len
-    domains = load_domains(data_run.path / "data" / "pretrain.jsonl", tokenizer, seq_len)
+    domains = pack_shards(data_run.path, tokenizer, seq_len)
     rows = [row for domain_rows in domains.values() for row in domain_rows]
 
     ours_tps, hf_tps = [], []
@@ -121,7 +122,7 @@ def main() -> None:
         print(f"round {round_ + 1}: smolforge {ours_tps[-1]:,.0f} tok/s, HF Trainer {hf_tps[-1]:,.0f} tok/s",
               flush=True)
 
-    texts = [json.loads(line)["text"] for line in (data_run.path / "data" / "pretrain.jsonl").read_text().splitlines()]
+    texts = [row["text"] for _, row in read_kind(data_run.path, "pretrain")]
     sep = tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)
     docs = [ids + [sep] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
     packed = packing_efficiency(rows, seq_len)

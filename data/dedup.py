@@ -105,70 +105,136 @@ def _minhash_chunk(args: tuple[list[str], int, int, int]) -> list:
     return [LeanMinHash(m) for m in MinHash.bulk(sets, num_perm=num_perm, seed=seed)]
 
 
-def minhashes(texts: list[str], spec: DedupSpec) -> list:
-    """MinHash signatures, computed on ``spec.workers`` processes in chunks."""
-    chunk = max(1, min(5000, len(texts) // max(1, spec.workers * 4) or 1))
-    jobs = [(texts[i:i + chunk], spec.shingle_size, spec.num_perm, spec.seed) for i in range(0, len(texts), chunk)]
-    if spec.workers > 1:
-        with ProcessPoolExecutor(spec.workers) as pool:
-            return [m for part in pool.map(_minhash_chunk, jobs) for m in part]
-    return [m for job in jobs for m in _minhash_chunk(job)]
+def _digest(text: str) -> bytes:
+    return hashlib.blake2b(normalise(text).encode(), digest_size=16).digest()
 
 
-def deduplicate(texts: list[str], spec: DedupSpec | None = None) -> DedupReport:
+class Deduplicator:
+    """Streaming dedup: feed batches of documents in corpus order; the first of each group stays.
+
+    Memory holds one 16-byte hash per kept document and its LSH band keys, never the texts, so
+    corpora larger than memory stream through. MinHashes of a batch are computed on
+    ``spec.workers`` processes; the LSH index lives in this process (queries are cheap). Use it
+    as a context manager so the worker pool is shut down.
+
+        >>> with Deduplicator(DedupSpec(shingle_size=2)) as dedup:
+        ...     dedup.add(["a b c d", "a b c d", "x y z w"])
+        [('a b c d', None), (None, 'exact'), ('x y z w', None)]
+    """
+
+    def __init__(self, spec: DedupSpec | None = None) -> None:
+        spec = spec or DedupSpec()
+        if spec.bands * spec.rows > spec.num_perm:
+            raise ValueError(f"bands x rows = {spec.bands * spec.rows} exceeds num_perm {spec.num_perm}")
+        self.spec = spec
+        self.report = DedupReport(keep=[])
+        self.documents = 0
+        self._seen: set[bytes] = set()
+        self._paragraphs: set[bytes] = set()
+        self._groups: dict[int, list[int]] = {}
+        self._lsh = None
+        self._pool: ProcessPoolExecutor | None = None
+
+    def __enter__(self) -> "Deduplicator":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def _signatures(self, texts: list[str]) -> list:
+        spec = self.spec
+        if spec.workers <= 1 or len(texts) < 2 * spec.workers:
+            return _minhash_chunk((texts, spec.shingle_size, spec.num_perm, spec.seed))
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(spec.workers)
+        size = -(-len(texts) // (spec.workers * 4))
+        jobs = [(texts[i:i + size], spec.shingle_size, spec.num_perm, spec.seed) for i in range(0, len(texts), size)]
+        return [m for part in self._pool.map(_minhash_chunk, jobs) for m in part]
+
+    def add(self, texts: list[str]) -> list[tuple[str | None, str | None]]:
+        """Per document: ``(text to keep, None)`` or ``(None, "exact" | "near")``.
+
+        With ``spec.paragraphs`` the kept text has paragraphs seen earlier removed; a document
+        left with no new paragraph is dropped as ``"paragraphs"``.
+        """
+        spec, report = self.spec, self.report
+        first = self.documents
+        self.documents += len(texts)
+        verdicts: list[str | None] = [None] * len(texts)
+        if spec.exact:
+            for i, text in enumerate(texts):
+                digest = _digest(text)
+                if digest in self._seen:
+                    verdicts[i] = "exact"
+                    report.exact_removed += 1
+                else:
+                    self._seen.add(digest)
+        if spec.near:
+            from datasketch import MinHashLSH
+
+            if self._lsh is None:
+                self._lsh = MinHashLSH(num_perm=spec.num_perm, params=(spec.bands, spec.rows))
+            todo = [i for i, v in enumerate(verdicts) if v is None]
+            for i, signature in zip(todo, self._signatures([texts[i] for i in todo])):
+                match = self._lsh.query(signature)
+                if match:
+                    source = min(match)
+                    self._groups.setdefault(source, [source]).append(first + i)
+                    verdicts[i] = "near"
+                    report.near_removed += 1
+                else:
+                    self._lsh.insert(first + i, signature)
+        out: list[tuple[str | None, str | None]] = []
+        for i, (text, verdict) in enumerate(zip(texts, verdicts)):
+            if verdict is None and spec.paragraphs:
+                text, removed = self._new_paragraphs(text)
+                report.paragraphs_removed += removed
+                if not text.strip():
+                    verdict = "paragraphs"
+            if verdict is None:
+                report.keep.append(first + i)
+                out.append((text, None))
+            else:
+                out.append((None, verdict))
+        report.clusters = list(self._groups.values())
+        return out
+
+    def _new_paragraphs(self, text: str) -> tuple[str, int]:
+        kept, removed = [], 0
+        for paragraph in re.split(r"\n\s*\n", text):
+            words = normalise(paragraph)
+            key = hashlib.blake2b(words.encode(), digest_size=16).digest()
+            if words and key in self._paragraphs:
+                removed += 1
+                continue
+            self._paragraphs.add(key)
+            kept.append(paragraph)
+        return "\n\n".join(kept), removed
+
+
+def deduplicate(texts: list[str], spec: DedupSpec | None = None, batch_size: int = 20_000) -> DedupReport:
     """Which documents to keep: the first of every exact or near-duplicate group."""
-    from datasketch import MinHashLSH
-
-    spec = spec or DedupSpec()
-    if spec.bands * spec.rows > spec.num_perm:
-        raise ValueError(f"bands x rows = {spec.bands * spec.rows} exceeds num_perm {spec.num_perm}")
-    report = DedupReport(keep=[])
-    candidates = list(range(len(texts)))
-    if spec.exact:
-        seen: set[bytes] = set()
-        unique = []
-        for i in candidates:
-            digest = hashlib.blake2b(normalise(texts[i]).encode(), digest_size=16).digest()
-            if digest in seen:
-                report.exact_removed += 1
-            else:
-                seen.add(digest)
-                unique.append(i)
-        candidates = unique
-    if spec.near and candidates:
-        signatures = minhashes([texts[i] for i in candidates], spec)
-        lsh = MinHashLSH(num_perm=spec.num_perm, params=(spec.bands, spec.rows))
-        kept = []
-        groups: dict[int, list[int]] = {}
-        for index, signature in zip(candidates, signatures):
-            match = lsh.query(signature)
-            if match:
-                first = min(match)
-                groups.setdefault(first, [first]).append(index)
-                report.near_removed += 1
-            else:
-                lsh.insert(index, signature)
-                kept.append(index)
-        report.clusters = list(groups.values())
-        candidates = kept
-    report.keep = candidates
-    if spec.paragraphs:
-        report.texts, report.paragraphs_removed = dedup_paragraphs([texts[i] for i in candidates])
+    with Deduplicator(spec) as dedup:
+        kept_texts = []
+        for start in range(0, len(texts), batch_size):
+            kept_texts += [t for t, _ in dedup.add(texts[start:start + batch_size]) if t is not None]
+    report = dedup.report
+    if dedup.spec.paragraphs:
+        report.texts = kept_texts
     return report
 
 
 def dedup_paragraphs(texts: list[str]) -> tuple[list[str], int]:
     """Drop every paragraph whose normalised text appeared earlier in the corpus."""
-    seen: set[bytes] = set()
-    out, removed = [], 0
+    dedup = Deduplicator(DedupSpec(exact=False, near=False, paragraphs=True))
+    kept, removed = [], 0
     for text in texts:
-        kept = []
-        for paragraph in re.split(r"\n\s*\n", text):
-            key = hashlib.blake2b(normalise(paragraph).encode(), digest_size=16).digest()
-            if normalise(paragraph) and key in seen:
-                removed += 1
-                continue
-            seen.add(key)
-            kept.append(paragraph)
-        out.append("\n\n".join(kept))
-    return out, removed
+        new, dropped = dedup._new_paragraphs(text)
+        kept.append(new)
+        removed += dropped
+    return kept, removed

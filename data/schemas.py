@@ -71,18 +71,29 @@ def load_rows(path: str | Path, schema: str) -> list[dict]:
     return rows
 
 
-def resolve_data(ref: str, runs, kind: str) -> tuple[Path, "object | None"]:
-    """A stage's ``data:`` value → (JSONL path, data run or None).
+def load_many(paths: list[Path], schema: str) -> list[dict]:
+    """Rows of several JSONL files (a data run's shards), validated, in order."""
+    rows = []
+    for path in paths:
+        rows += load_rows(path, schema)
+    return rows
 
-    ``ref`` is a ``.jsonl`` file, or the name/path of a data run whose ``data/<kind>.jsonl`` is used.
+
+def resolve_data(ref: str, runs, kind: str) -> tuple[list[Path], "object | None"]:
+    """A stage's ``data:`` value → (JSONL files, data run or None).
+
+    ``ref`` is a ``.jsonl`` file, or the name/path of a data run whose ``data/<kind>/`` shards
+    are used.
     """
+    from .shards import kind_files
+
     if ref.endswith(".jsonl"):
         path = Path(ref)
         if not path.is_file():
             raise DataError(f"{ref}: file not found")
-        return path, None
+        return [path], None
     run = runs.get(ref)
-    path = run.path / "data" / f"{kind}.jsonl"
-    if not path.is_file():
-        raise DataError(f"run '{run.name}' has no data/{kind}.jsonl (is it a data run? its stage is {run.stage})")
-    return path, run
+    paths = kind_files(run.path, kind)
+    if not paths:
+        raise DataError(f"run '{run.name}' has no data/{kind}/ shards (is it a data run? its stage is {run.stage})")
+    return paths, run

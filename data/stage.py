@@ -1,26 +1,44 @@
-"""The data stage: datasets and a tokenizer for the stages downstream, as one run.
+"""The data stage: raw sources → checked, cleaned, deduplicated, decontaminated, tokenized data.
 
-    smolforge data --config recipes/demo/data.yaml
-    smolforge data --config recipes/demo/data.yaml --set world.entities=20 --set world.seed=1
+    smolforge data prepare recipes/demo/data.yaml
+    smolforge data prepare recipes/demo/data.yaml --set dedup.workers=2 --json
+    smolforge data --config recipes/demo/data.yaml --set world.entities=20      # the same stage
 
-Writes ``runs/<name>/data/{pretrain,sft,prefs}.jsonl`` (from the synthetic world, or from your
-own JSONL files given under ``sources:``) and ``runs/<name>/tokenizer/`` (a byte-level BPE
-trained on them, with a chat template, or a tokenizer folder you name). Every file is validated
-before anything is written; the run records a fingerprint of each.
+For each kind of data (``pretrain`` text, ``sft`` chat, ``prefs`` preference pairs) rows come
+from the recipe's ``sources:`` (JSONL, Parquet, CSV, text folders, `datasets` datasets; see
+:mod:`data.sources`) or, where a kind has none, from the synthetic world of the embedded default.
+Then, streaming:
+
+1. every row is validated (``on_error: fail`` stops at the first bad row naming file, row and
+   field; ``skip`` counts and lists bad rows in ``reports/bad_rows.jsonl``);
+2. pretraining text passes Gopher-style quality filters (:mod:`data.filters`);
+3. dedup: exact (normalised hash) on every kind; MinHash-LSH near-duplicates and repeated
+   paragraphs on pretraining text (:mod:`data.dedup`);
+4. decontamination against every registered eval suite (:mod:`data.decontaminate`);
+5. shards ``data/<kind>/part-*.jsonl``; a byte-level BPE ``tokenizer/`` trained on the kept text
+   (or the one named); pretraining text tokenized and packed per domain into ``packed/``;
+6. ``data_card.json`` and ``data_card.md``: sources, counts, tokens, what each filter removed,
+   duplicate rates before and after, decontamination hits by suite, mixture weights per phase.
+
+``validate`` reads every source row once before a run folder exists, so bad input with
+``on_error: fail`` never leaves a half-written run.
 """
 from __future__ import annotations
 
+import difflib
 import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from smolforge.errors import RecipeError
-from smolforge.recipe import to_dict
-from smolforge.runs import Run, Runs, file_fingerprint
+from smolforge.recipe import build, to_dict
+from smolforge.registry import suite_folders
+from smolforge.runs import Run, Runs, write_json_atomic
 
-from .jsonl import write_jsonl
-from .schemas import load_rows
+from .dedup import DedupSpec
+from .filters import FilterSpec, QualityFilter
+from .sources import BadRows, Source, iter_rows, source_formats, source_label, validate_source
 from .synthetic import World, chat_text
 
 KINDS = {"pretrain": "text", "sft": "chat", "prefs": "preference"}
@@ -35,10 +53,18 @@ class WorldSpec:
 
 
 @dataclass
-class Sources:
-    pretrain: str | None = None    # JSONL of {"text"} rows replacing the synthetic corpus
-    sft: str | None = None         # JSONL of {"messages"} rows replacing the synthetic conversations
-    prefs: str | None = None       # JSONL of {"prompt","chosen","rejected"} rows replacing the synthetic pairs
+class DecontamSpec:
+    enabled: bool = True           # check every kind against the eval suites
+    suites: list = field(default_factory=list)   # extra suite folders; every registered suite is always included
+    ngram: int = 13                # words per n-gram (13, as in the GPT-3 and Llama reports)
+    min_words: int = 8             # eval items shorter than this are not indexed (too short to mean leakage)
+    action: str = "remove"         # remove matching rows, or flag them (report only)
+
+
+@dataclass
+class PackSpec:
+    enabled: bool = True           # write packed/ for pretraining
+    seq_len: int = 256             # tokens per row; pretraining with another seq_len packs at load time
 
 
 @dataclass
@@ -52,69 +78,222 @@ class TokenizerSpec:
 class Recipe:
     name: str = "data-demo"        # run name
     world: WorldSpec = field(default_factory=WorldSpec)
-    sources: Sources = field(default_factory=Sources)
+    sources: dict = field(default_factory=dict)   # kind → path, source mapping or list of them; other kinds come from the world
+    on_error: str = "fail"         # fail at the first bad row, or skip (bad rows counted and listed)
+    filters: FilterSpec = field(default_factory=FilterSpec)
+    dedup: DedupSpec = field(default_factory=DedupSpec)
+    decontaminate: DecontamSpec = field(default_factory=DecontamSpec)
+    mixture: list = field(default_factory=list)   # pretraining phases [{until, weights: {domain: w}}]; empty = natural mix
+    pack: PackSpec = field(default_factory=PackSpec)
     tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
+    rows_per_shard: int = 50_000   # rows per data/<kind>/part-*.jsonl
+    progress: bool = True          # progress bars on stderr
+
+
+# --------------------------------------------------------------------------- recipe checks
+
+
+def parse_sources(recipe: Recipe) -> dict[str, list[Source]]:
+    """``sources:`` as ``{kind: [Source, ...]}``; a bare string is a path."""
+    out: dict[str, list[Source]] = {}
+    for kind, value in (recipe.sources or {}).items():
+        if kind not in KINDS:
+            close = difflib.get_close_matches(str(kind), list(KINDS), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise RecipeError(f"sources: unknown kind '{kind}'{hint}; expected {', '.join(KINDS)}")
+        items = value if isinstance(value, list) else [value]
+        if not items:
+            raise RecipeError(f"sources.{kind}: empty list (leave the kind out to use the synthetic world)")
+        parsed = []
+        for i, item in enumerate(items):
+            where = f"sources.{kind}[{i}]"
+            source = build(Source, {"path": item} if isinstance(item, str) else item, "data recipe", prefix=f"{where}.")
+            validate_source(source, where)
+            parsed.append(source)
+        out[kind] = parsed
+    return out
+
+
+def suites_to_check(spec: DecontamSpec) -> dict[str, Path]:
+    folders = suite_folders()
+    for item in spec.suites:
+        path = Path(item)
+        if not path.is_dir():
+            raise RecipeError(f"decontaminate.suites: {item} is not a folder (expected a suite of JSONL files)")
+        folders[path.name] = path
+    return folders
+
+
+def _check_numbers(recipe: Recipe) -> None:
+    d, c = recipe.dedup, recipe.decontaminate
+    checks = [
+        (recipe.on_error in ("fail", "skip"), f"on_error is {recipe.on_error!r}; expected fail or skip"),
+        (recipe.world.entities >= 1 and recipe.world.pretrain_docs >= 1 and recipe.world.preference_pairs >= 1,
+         "world.entities, world.pretrain_docs and world.preference_pairs must be at least 1"),
+        (d.shingle_size >= 1 and d.num_perm >= 2 and d.bands >= 1 and d.rows >= 1 and d.workers >= 1,
+         "dedup.shingle_size, bands, rows and workers must be >= 1 and num_perm >= 2"),
+        (d.bands * d.rows <= d.num_perm,
+         f"dedup.bands x dedup.rows = {d.bands * d.rows} exceeds dedup.num_perm {d.num_perm}"),
+        (c.ngram >= 1 and c.min_words >= 1, "decontaminate.ngram and decontaminate.min_words must be >= 1"),
+        (c.action in ("remove", "flag"), f"decontaminate.action is {c.action!r}; expected remove or flag"),
+        (recipe.pack.seq_len >= 8, f"pack.seq_len must be at least 8, got {recipe.pack.seq_len}"),
+        (recipe.rows_per_shard >= 1, "rows_per_shard must be at least 1"),
+        (recipe.tokenizer.vocab_size >= 300,
+         f"tokenizer.vocab_size must be at least 300 (256 bytes + specials), got {recipe.tokenizer.vocab_size}"),
+    ]
+    for ok, message in checks:
+        if not ok:
+            raise RecipeError(message)
+    if recipe.tokenizer.path is not None and not (Path(recipe.tokenizer.path) / "tokenizer_config.json").is_file():
+        raise RecipeError(f"tokenizer.path {recipe.tokenizer.path}: not a tokenizer folder (no tokenizer_config.json)")
+
+
+def known_domains(recipe: Recipe, sources: dict[str, list[Source]]) -> set[str] | None:
+    """Pretraining domains knowable before reading rows (None when rows may carry their own)."""
+    if "pretrain" not in sources:
+        return {"facts", "math"}
+    stamped = [s.domain for s in sources["pretrain"]]
+    return set(stamped) if all(stamped) else None
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
-    """Check the user's files (every row) and numbers before any work."""
-    for kind, schema in KINDS.items():
-        path = getattr(recipe.sources, kind)
-        if path is not None:
-            load_rows(path, schema)
-    if recipe.world.entities < 1 or recipe.world.pretrain_docs < 1:
-        raise RecipeError("world.entities and world.pretrain_docs must be at least 1")
-    if recipe.tokenizer.path is not None and not (Path(recipe.tokenizer.path) / "tokenizer_config.json").is_file():
-        raise RecipeError(f"tokenizer.path {recipe.tokenizer.path}: not a tokenizer folder (no tokenizer_config.json)")
-    if recipe.tokenizer.vocab_size < 300:
-        raise RecipeError(f"tokenizer.vocab_size must be at least 300 (256 bytes + specials), got {recipe.tokenizer.vocab_size}")
+    """Every check that can fail before a run folder exists, including every source row."""
+    _check_numbers(recipe)
+    QualityFilter(recipe.filters)
+    sources = parse_sources(recipe)
+    if recipe.decontaminate.enabled:
+        suites_to_check(recipe.decontaminate)
+    check_mixture(recipe.mixture, known_domains(recipe, sources))
+    for kind, kind_sources in sources.items():
+        bad = BadRows()
+        for source in kind_sources:
+            for _ in iter_rows(source, KINDS[kind], recipe.on_error, bad):
+                pass
 
 
-def build_rows(recipe: Recipe) -> dict[str, list[dict]]:
-    """The three datasets: user files where given, the synthetic world elsewhere."""
+def check_mixture(phases: list, domains: set[str] | None) -> list[dict]:
+    """Phases as ``[{"until", "weights"}]`` with weights normalised; RecipeError on a bad one.
+
+    >>> check_mixture([{"until": 0.5, "weights": {"web": 3}}, {"until": 1.0, "weights": {"web": 1, "math": 1}}], None)
+    [{'until': 0.5, 'weights': {'web': 1.0}}, {'until': 1.0, 'weights': {'math': 0.5, 'web': 0.5}}]
+    """
+    out, ends = [], []
+    for i, phase in enumerate(phases):
+        if not isinstance(phase, dict) or set(phase) - {"until", "weights"} or not isinstance(phase.get("weights"), dict):
+            raise RecipeError(f"mixture[{i}]: expected {{until: <fraction>, weights: {{domain: weight}}}}, got {phase!r}")
+        until, weights = float(phase.get("until", 1.0)), phase["weights"]
+        if any(not isinstance(w, (int, float)) or w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+            raise RecipeError(f"mixture[{i}].weights must be numbers >= 0 with a positive sum, got {weights}")
+        if domains is not None and set(weights) - domains:
+            unknown = ", ".join(sorted(set(weights) - domains))
+            raise RecipeError(f"mixture[{i}]: unknown domain(s) {unknown}; the data has {', '.join(sorted(domains))}")
+        total = sum(weights.values())
+        out.append({"until": until, "weights": {d: round(w / total, 6) for d, w in sorted(weights.items())}})
+        ends.append(until)
+    if ends and (ends != sorted(ends) or ends[-1] != 1.0 or ends[0] <= 0):
+        raise RecipeError(f"mixture: phase 'until' values must increase and end at 1.0, got {ends}")
+    return out
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def _rows_of(kind: str, recipe: Recipe, sources: dict[str, list[Source]], bad: BadRows, labels: list):
+    """``(where, row)`` for a kind: its sources in order, or the synthetic world."""
+    if kind in sources:
+        for source in sources[kind]:
+            entry = {"source": source_label(source), "format": "+".join(source_formats(source)), "rows": 0}
+            labels.append(entry)
+            for item in iter_rows(source, KINDS[kind], recipe.on_error, bad):
+                entry["rows"] += 1
+                yield item
+        return
     spec = recipe.world
     world = World.generate(seed=spec.seed, n_entities=spec.entities)
     generated = {"pretrain": lambda: world.pretrain_corpus(n_docs=spec.pretrain_docs, seed=spec.seed + 1),
                  "sft": world.sft_conversations,
-                 "prefs": lambda: world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2)}
-    rows = {}
-    for kind, schema in KINDS.items():
-        path = getattr(recipe.sources, kind)
-        rows[kind] = load_rows(path, schema) if path else generated[kind]()
-    return rows
-
-
-def _tokenizer_texts(rows: dict[str, list[dict]]):
-    yield from (r["text"] for r in rows["pretrain"])
-    yield from (chat_text(r["messages"]) for r in rows["sft"])
+                 "prefs": lambda: world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2)}[kind]()
+    labels.append({"source": f"synthetic world (seed {spec.seed}, {spec.entities} entities)",
+                   "format": "synthetic", "rows": len(generated)})
+    for i, row in enumerate(generated, start=1):
+        yield f"world {kind} row {i}", row
 
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    from transformers import AutoTokenizer
-
-    from .tokenizer import CHAT_TEMPLATE, train_tokenizer
+    from . import card as cards
+    from .decontaminate import EvalIndex
+    from .prepare import ProcessSpec, process_kind
+    from .shards import kind_files
 
     started = time.perf_counter()
-    rows = build_rows(recipe)
+    sources = parse_sources(recipe)
+    suites = suites_to_check(recipe.decontaminate) if recipe.decontaminate.enabled else {}
+    index = (EvalIndex.from_suites(list(suites.values()), n=recipe.decontaminate.ngram,
+                                   min_words=recipe.decontaminate.min_words) if suites else None)
     with runs.start("data", recipe.name, to_dict(recipe), overwrite=overwrite) as run:
-        data_dir = run.path / "data"
-        for kind, kind_rows in rows.items():
-            write_jsonl(data_dir / f"{kind}.jsonl", kind_rows)
-        tok_spec = recipe.tokenizer
-        if tok_spec.path:
-            tokenizer = AutoTokenizer.from_pretrained(tok_spec.path)
-            if tokenizer.chat_template is None:
-                tokenizer.chat_template = CHAT_TEMPLATE
-        else:
-            tokenizer = train_tokenizer(_tokenizer_texts(rows), tok_spec.vocab_size, tok_spec.min_frequency)
-        tmp = run.path / ".tokenizer.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tokenizer.save_pretrained(tmp)
-        tmp.rename(run.path / "tokenizer")
-        run.info["data_fingerprints"] = {f"data/{k}.jsonl": file_fingerprint(data_dir / f"{k}.jsonl") for k in KINDS}
-        n_tokens = sum(len(ids) for ids in tokenizer([r["text"] for r in rows["pretrain"]])["input_ids"])
-        run.finish(metrics={"data/pretrain_docs": len(rows["pretrain"]), "data/pretrain_tokens": n_tokens,
-                            "data/sft_conversations": len(rows["sft"]),
-                            "data/preference_pairs": len(rows["prefs"]), "data/vocab_size": len(tokenizer),
-                            "data/seconds": round(time.perf_counter() - started, 2)})
+        reports = run.path / "reports"
+        card: dict = {"name": recipe.name, "on_error": recipe.on_error, "kinds": {},
+                      "decontamination_suites": {n: str(p) for n, p in suites.items()}}
+        bad_rows: dict[str, BadRows] = {}
+        for kind in KINDS:
+            bad = bad_rows[kind] = BadRows()
+            labels: list[dict] = []
+            spec = ProcessSpec(filters=recipe.filters if kind == "pretrain" else None,
+                               dedup=recipe.dedup if kind == "pretrain" else
+                               DedupSpec(exact=recipe.dedup.exact, near=False, paragraphs=False),
+                               index=index, decontam_action=recipe.decontaminate.action,
+                               rows_per_shard=recipe.rows_per_shard)
+            report = process_kind(kind, _rows_of(kind, recipe, sources, bad, labels), run.path / "data" / kind,
+                                  spec, reports_folder=reports, progress=recipe.progress)
+            report["sources"] = labels
+            report["bad_rows"] = bad.as_dict()
+            card["kinds"][kind] = report
+        cards.write_bad_rows(reports / "bad_rows.jsonl", bad_rows)
+        tokenizer = _tokenizer(recipe, run, kind_files)
+        card["tokenizer"] = {"path": recipe.tokenizer.path or "trained on the kept pretrain + sft text",
+                             "vocab_size": len(tokenizer)}
+        card["tokens"] = cards.count_tokens(run.path, tokenizer)
+        domains = cards.domain_counts(run.path)
+        card["mixture"] = check_mixture(recipe.mixture, set(domains)) or cards.natural_mixture(domains)
+        card["mixture_source"] = "recipe" if recipe.mixture else "natural (domains weighted by documents)"
+        if recipe.pack.enabled:
+            card["packed"] = cards.pack(run.path, tokenizer, recipe.pack.seq_len)
+        card["domains"] = domains
+        fingerprints = cards.fingerprints(run.path)
+        card["fingerprints"] = fingerprints
+        card["seconds"] = round(time.perf_counter() - started, 2)
+        write_json_atomic(run.path / "data_card.json", card)
+        cards.write_summary(run.path / "data_card.md", card)
+        run.info["data_fingerprints"] = fingerprints
+        run.finish(metrics=cards.metrics(card))
     return run
+
+
+def _tokenizer(recipe: Recipe, run: Run, kind_files):
+    from transformers import AutoTokenizer
+
+    from .shards import read_files
+    from .tokenizer import CHAT_TEMPLATE, train_tokenizer
+
+    spec = recipe.tokenizer
+    if spec.path:
+        tokenizer = AutoTokenizer.from_pretrained(spec.path)
+        if tokenizer.chat_template is None:
+            tokenizer.chat_template = CHAT_TEMPLATE
+    else:
+        def texts():
+            yield from (row["text"] for _, row in read_files(kind_files(run.path, "pretrain")))
+            yield from (chat_text(row["messages"]) for _, row in read_files(kind_files(run.path, "sft")))
+
+        tokenizer = train_tokenizer(texts(), spec.vocab_size, spec.min_frequency)
+    tmp = run.path / ".tokenizer.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(run.path / "tokenizer")
+    return tokenizer
+
+
+def summary(run: Run) -> str:
+    """The readable data card, printed by ``smolforge data prepare``."""
+    path = run.path / "data_card.md"
+    return path.read_text(encoding="utf-8") if path.is_file() else ""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from data.packing import pack_documents
-from data.schemas import load_rows
+from data.schemas import load_many
 from data.tokenizer import DOC_SEPARATOR
 from smolforge.errors import DataError
 
@@ -27,20 +27,45 @@ if TYPE_CHECKING:
 KEYS = ("input_ids", "position_ids", "labels")
 
 
-def load_domains(path: Path, tokenizer, seq_len: int) -> dict[str, list[dict]]:
-    """``{domain: packed rows}`` from a text JSONL file (documents end with the separator token)."""
+def load_domains(data_run_path: Path, tokenizer, seq_len: int) -> tuple[dict[str, dict[str, "torch.Tensor"]], str]:
+    """``{domain: {key: LongTensor[rows, seq_len]}}`` from a data run, and how they were obtained.
+
+    The data run's ``packed/`` rows are used when they were packed at this ``seq_len``; otherwise
+    its text shards are tokenized and packed here (same rows, just slower to start).
+    """
+    import torch
+
+    from data.packed import load_packed, packed_meta
+
+    meta = packed_meta(data_run_path / "packed")
+    if meta is not None and meta["seq_len"] == seq_len:
+        arrays = load_packed(data_run_path / "packed")
+        for domain, rows in arrays.items():
+            if not len(rows["input_ids"]):
+                raise DataError(f"{data_run_path}: domain '{domain}' holds fewer than seq_len={seq_len} tokens; "
+                                "lower train.seq_len or add documents")
+        return ({d: {k: torch.from_numpy(v) for k, v in rows.items()} for d, rows in arrays.items()},
+                f"packed/ of the data run (seq_len {seq_len})")
+    why = "it has no packed/" if meta is None else f"its packed/ has seq_len {meta['seq_len']}"
+    return as_tensors(pack_shards(data_run_path, tokenizer, seq_len)), f"packed at load ({why}, recipe seq_len {seq_len})"
+
+
+def pack_shards(data_run_path: Path, tokenizer, seq_len: int) -> dict[str, list[dict]]:
+    """``{domain: packed rows}`` from a data run's pretraining shards (documents end with the separator)."""
+    from data.shards import kind_files
+
     sep = tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)
     if sep is None or sep == tokenizer.unk_token_id:
         sep = tokenizer.eos_token_id
     texts: dict[str, list[str]] = defaultdict(list)
-    for row in load_rows(path, "text"):
+    for row in load_many(kind_files(data_run_path, "pretrain"), "text"):
         texts[str(row.get("domain", "default"))].append(row["text"])
     packed = {}
     for domain, docs in sorted(texts.items()):
         ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
         packed[domain] = pack_documents([doc + [sep] for doc in ids], seq_len)
         if not packed[domain]:
-            raise DataError(f"{path}: domain '{domain}' holds fewer than seq_len={seq_len} tokens; "
+            raise DataError(f"{data_run_path}: domain '{domain}' holds fewer than seq_len={seq_len} tokens; "
                             "lower train.seq_len or add documents")
     return packed
 

@@ -111,20 +111,36 @@ def phases_of(recipe: Recipe, domain_sizes: dict[str, int]) -> list[Phase]:
 
 
 def _domains_in(data_run: Run) -> list[str]:
-    domains = set()
-    with (data_run.path / "data" / "pretrain.jsonl").open() as handle:
-        for line in handle:
-            if line.strip():
-                domains.add(str(json.loads(line).get("domain", "default")))
-    return sorted(domains)
+    card = data_card(data_run)
+    if card.get("domains"):
+        return sorted(card["domains"])
+    from data.shards import read_kind
+
+    return sorted({str(row.get("domain", "default")) for _, row in read_kind(data_run.path, "pretrain")})
+
+
+def data_card(data_run: Run) -> dict:
+    path = data_run.path / "data_card.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def adopt_data_mixture(recipe: Recipe, data_run: Run) -> None:
+    """A recipe without a mixture takes the one its data run declares (recorded in run.json)."""
+    card = data_card(data_run)
+    if not recipe.mixture and card.get("mixture_source") == "recipe":
+        recipe.mixture = [dict(phase) for phase in card["mixture"]]
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
     t, m = recipe.train, recipe.model
+    from data.shards import kind_files
+
     data_run = runs.get(recipe.data)
-    for needed in ("data/pretrain.jsonl", "tokenizer/tokenizer_config.json"):
-        if not (data_run.path / needed).is_file():
-            raise RecipeError(f"data: run '{data_run.name}' has no {needed} (is it a data run? stage {data_run.stage})")
+    if not kind_files(data_run.path, "pretrain"):
+        raise RecipeError(f"data: run '{data_run.name}' has no data/pretrain/ shards (is it a data run? stage {data_run.stage})")
+    if not (data_run.path / "tokenizer" / "tokenizer_config.json").is_file():
+        raise RecipeError(f"data: run '{data_run.name}' has no tokenizer/ (is it a data run? stage {data_run.stage})")
+    adopt_data_mixture(recipe, data_run)
     checks = [
         (t.schedule in SCHEDULES, f"train.schedule is {t.schedule!r}; expected one of {', '.join(SCHEDULES)}"),
         (t.precision in ("fp32", "bf16"), f"train.precision is {t.precision!r}; expected fp32 or bf16"),
@@ -177,8 +193,10 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from .batches import load_domains
 
     data_run = runs.get(recipe.data)
+    adopt_data_mixture(recipe, data_run)
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
-    domains = load_domains(data_run.path / "data" / "pretrain.jsonl", tokenizer, recipe.train.seq_len)
+    domains, how = load_domains(data_run.path, tokenizer, recipe.train.seq_len)
+    log.info("pretrain data: %s", how)
     resume_from = resume_point(recipe, runs, overwrite)
     with distributed() as (deepspeed, rank, world), contextlib.ExitStack() as stack:
         if rank == 0:
@@ -211,7 +229,6 @@ class Loop:
     def __init__(self, recipe: Recipe, run: Run, deepspeed, tokenizer, domains: dict, rank: int, world: int):
         import torch
 
-        from .batches import as_tensors
         from .flops import flops_per_token, peak_flops
         from .model import build_model
         from .monitor import ThroughputMonitor
@@ -243,9 +260,9 @@ class Loop:
             self.engine.enable_backward_allreduce = False
         self.rows_per_step = t.micro_batch_size * t.grad_accum * world
         self.tokens_per_step = self.rows_per_step * t.seq_len
-        self.domains = as_tensors(domains)
-        self.sampler = MixtureSampler({d: len(r) for d, r in domains.items()},
-                                      phases_of(recipe, {d: len(r) for d, r in domains.items()}),
+        self.domains = domains
+        sizes = {d: len(rows["input_ids"]) for d, rows in domains.items()}
+        self.sampler = MixtureSampler(sizes, phases_of(recipe, sizes),
                                       t.max_steps, self.rows_per_step, seed=t.seed)
         spike = recipe.spike
         self.guard = SpikeGuard(spike.factor, spike.window, spike.min_history)

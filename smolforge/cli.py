@@ -30,7 +30,7 @@ from smolforge.errors import RecipeError, SmolforgeError
 __all__ = ["main", "build_parser", "extra_overrides"]
 
 STAGE_EXAMPLES = {
-    "data": "smolforge data --config recipes/demo/data.yaml --set name=data-mine",
+    "data": "smolforge data prepare recipes/demo/data.yaml --set name=data-mine",
     "pretrain": "smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine",
     "sft": "smolforge sft --config recipes/demo/sft.yaml --set trainer.max_steps=20",
     "dpo": "smolforge dpo --config recipes/demo/dpo.yaml --set trainer.beta=0.2",
@@ -89,7 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
             epilog=_epilog(example, f"smolforge {name} --config my-{name}.yaml --name my-run"),
             allow_abbrev=False,  # so TRL-style extras are never mistaken for our options
         )
-        s.add_argument("--config", required=True, metavar="FILE", help="stage recipe YAML")
+        if name == "data":  # `smolforge data prepare RECIPE` reads like the task; --config works too
+            s.add_argument("verb", nargs="?", choices=["prepare"], help="prepare a dataset run")
+            s.add_argument("recipe", nargs="?", metavar="RECIPE", help="data recipe YAML (same as --config)")
+            s.add_argument("--json", action="store_true", help="print the data card as one JSON object")
+        s.add_argument("--config", required=name != "data", metavar="FILE", help="stage recipe YAML")
         s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
         s.add_argument("--overwrite", action="store_true",
@@ -174,6 +178,10 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
     from smolforge.registry import load_stage
     from smolforge.runs import Runs, write_json_atomic
 
+    if args.command == "data":
+        args.config = args.config or args.recipe
+        if not args.config:
+            raise RecipeError("no recipe: use smolforge data prepare RECIPE (or --config RECIPE)")
     source = str(args.config)
     stage, data = recipes.load_recipe(args.config, args.set)
     if stage != args.command:
@@ -196,6 +204,12 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
     if args.result_json:
         write_json_atomic(args.result_json, {"name": run.name, "path": str(run.path),
                                              "status": run.status})
+    if getattr(args, "json", False):
+        card = run.path / "data_card.json"
+        print(card.read_text() if card.is_file() else json.dumps(run.info, indent=2, default=str))
+        return 0
+    if hasattr(module, "summary"):
+        print(module.summary(run))
     print(f"run {run.name} {run.status or 'done'} → {run.path}")
     return 0
 

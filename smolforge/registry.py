@@ -21,11 +21,12 @@ from __future__ import annotations
 import difflib
 import importlib
 import os
+from pathlib import Path
 from types import ModuleType
 
 from smolforge.errors import RecipeError
 
-__all__ = ["STAGES", "MODEL_STAGES", "EXTRA_STAGES_ENV", "stages", "load_stage"]
+__all__ = ["STAGES", "MODEL_STAGES", "EXTRA_STAGES_ENV", "SUITES_ENV", "stages", "load_stage", "suite_folders"]
 
 STAGES: dict[str, str] = {
     "data": "data.stage",
@@ -98,3 +99,29 @@ def load_stage(name: str) -> ModuleType:
             "a stage module needs Recipe, validate(recipe, runs) and run(recipe, runs, *, overwrite)"
         )
     return module
+
+
+# Eval suites are folders (lm-eval YAML + JSONL). Those under evals/suites/ are registered by
+# being there; $SMOLFORGE_SUITES adds folders (os.pathsep-separated). Decontamination reads them
+# all, so a suite added for evaluation is automatically kept out of training data.
+SUITES_ENV = "SMOLFORGE_SUITES"
+BUILTIN_SUITES_DIR = Path(__file__).resolve().parent.parent / "evals" / "suites"
+
+
+def suite_folders() -> dict[str, Path]:
+    """``{suite name: folder}`` of every registered suite (built-in first, then $SMOLFORGE_SUITES).
+
+    >>> "embedded" in suite_folders()
+    True
+    """
+    found: dict[str, Path] = {}
+    if BUILTIN_SUITES_DIR.is_dir():
+        for path in sorted(BUILTIN_SUITES_DIR.iterdir()):
+            if path.is_dir() and not path.name.startswith(("_", ".")) and any(path.glob("*.jsonl")):
+                found[path.name] = path
+    for item in filter(None, os.environ.get(SUITES_ENV, "").split(os.pathsep)):
+        path = Path(item)
+        if not path.is_dir():
+            raise RecipeError(f"${SUITES_ENV}: {item} is not a folder")
+        found[path.name] = path
+    return found

@@ -24,7 +24,7 @@ DEMO = REPO / "recipes" / "demo"
 # Overrides that shrink each demo recipe to a seconds-long run.
 TINY = {
     "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48},
-             "tokenizer": {"vocab_size": 400}},
+             "tokenizer": {"vocab_size": 400}, "pack": {"seq_len": 64}, "progress": False},
     "pretrain": {"model": {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2,
                            "num_kv_heads": 1, "max_position_embeddings": 128},
                  "train": {"max_steps": 12, "micro_batch_size": 4, "seq_len": 64, "warmup_steps": 2,

@@ -94,7 +94,9 @@ def spiky_data(runs, tmp_path_factory):
               "domain": "noise"} for _ in range(40)]
     path = tmp_path_factory.mktemp("spiky") / "pretrain.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return run_stage("data", runs, name="data-spiky", sources={"pretrain": str(path)})
+    # repeated on purpose: filters and dedup, which would remove the copies and the noise, are off
+    return run_stage("data", runs, name="data-spiky", sources={"pretrain": str(path)},
+                     filters={"enabled": False}, dedup={"exact": False, "near": False})
 
 
 SPIKE_MIXTURE = [{"until": 0.6, "weights": {"clean": 1.0}},           # steps 1-14

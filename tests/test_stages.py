@@ -34,8 +34,10 @@ def test_data_run_holds_datasets_tokenizer_and_fingerprints(data_run):
     info = json.loads((data_run.path / "run.json").read_text())
     assert set(info) == RUN_KEYS and info["status"] == "done"
     for kind in ("pretrain", "sft", "prefs"):
-        assert info["data_fingerprints"][f"data/{kind}.jsonl"].startswith("sha256:")
-    assert info["metrics"]["data/pretrain_docs"] == 300
+        assert info["data_fingerprints"][f"data/{kind}"].startswith("sha256:")
+        shards = sorted((data_run.path / "data" / kind).glob("part-*.jsonl"))
+        rows = sum(len(p.read_text().splitlines()) for p in shards)
+        assert shards and info["metrics"][f"data/{kind}_rows"] == rows > 0
     assert (data_run.path / "tokenizer" / "tokenizer.json").is_file()
 
 
@@ -68,7 +70,7 @@ def test_pretrained_model_generates_until_eos(pretrain_run):
 def test_sft_trains_on_assistant_tokens_and_saves_a_plain_model(sft_run, pretrain_run, data_run):
     assert sft_run.info["status"] == "done"
     assert sft_run.info["parents"] == [pretrain_run.name, data_run.name]
-    assert sft_run.info["data_fingerprints"]["sft"] == data_run.info["data_fingerprints"]["data/sft.jsonl"]
+    assert sft_run.info["data_fingerprints"]["sft"] == data_run.info["data_fingerprints"]["data/sft"]
     logged = [m for m in read_metrics(sft_run) if "loss" in m]
     assert len(logged) == 6 and logged[-1]["loss"] < logged[0]["loss"]
     assert sft_run.info["recipe"]["trainer"]["assistant_only_loss"] is True

@@ -1,0 +1,152 @@
+"""The data stage's passes: rows in → filter → dedup → decontaminate → shards; shards → tokens → packed rows.
+
+Everything streams: rows arrive one source at a time and leave in batches, so a corpus larger
+than memory passes through with only hashes, LSH band keys and one batch held. Each function
+returns a plain dict for the data card (see :mod:`data.card`).
+
+    >>> import tempfile, pathlib
+    >>> out = pathlib.Path(tempfile.mkdtemp())
+    >>> rows = [("a line 1", {"text": "the same words here again"}), ("a line 2", {"text": "the same words here again"}),
+    ...         ("a line 3", {"text": "and some other words too"})]
+    >>> report = process_kind("pretrain", iter(rows), out / "pretrain", ProcessSpec())
+    >>> report["rows_in"], report["rows_out"], report["dedup"]["exact_removed"]
+    (3, 2, 1)
+"""
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .decontaminate import EvalIndex
+from .dedup import DedupSpec, Deduplicator
+from .filters import FilterSpec, QualityFilter
+from .shards import ShardWriter, read_files
+
+BATCH = 5000        # rows per dedup batch (MinHashes of a batch go to the worker pool together)
+EXAMPLES = 20       # hits / removals quoted in the card; the full lists go to reports/*.jsonl
+
+
+def row_text(kind: str, row: dict) -> str:
+    """The text of a row that filters, dedup and decontamination look at.
+
+    >>> row_text("prefs", {"prompt": [{"role": "user", "content": "Q?"}], "chosen": "A.", "rejected": "B."})
+    'Q?\\nA.\\nB.'
+    """
+    def flat(value) -> str:
+        return value if isinstance(value, str) else "\n".join(m["content"] for m in value)
+
+    if kind == "pretrain":
+        return row["text"]
+    if kind == "sft":
+        return flat(row["messages"])
+    return "\n".join(flat(row[k]) for k in ("prompt", "chosen", "rejected"))
+
+
+@dataclass
+class ProcessSpec:
+    """What happens to one kind's rows (the stage fills it from the recipe)."""
+
+    filters: FilterSpec | None = None      # quality filters (pretraining text only)
+    dedup: DedupSpec = field(default_factory=DedupSpec)
+    index: EvalIndex | None = None         # eval n-grams to keep out; None = no decontamination
+    decontam_action: str = "remove"        # remove | flag
+    rows_per_shard: int = 50_000
+    verify: bool = True                    # re-measure duplicates on the output (independent MinHash seed)
+
+
+def _batches(rows: Iterable, size: int) -> Iterator[list]:
+    batch = []
+    for item in rows:
+        batch.append(item)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def process_kind(kind: str, rows: Iterator[tuple[str, dict]], out_folder: Path, spec: ProcessSpec,
+                 reports_folder: Path | None = None, progress: bool = False) -> dict:
+    """Stream one kind's rows into shards under ``out_folder``; the report for the data card."""
+    started = time.perf_counter()
+    quality = QualityFilter(spec.filters) if spec.filters is not None and spec.filters.enabled else None
+    hits: list[dict] = []
+    removed_examples: list[dict] = []
+    rows_in = 0
+    bar = _progress(kind, progress)
+    with Deduplicator(spec.dedup) as dedup, ShardWriter(out_folder, spec.rows_per_shard) as writer:
+        for batch in _batches(rows, BATCH):
+            rows_in += len(batch)
+            bar.update(len(batch))
+            if quality is not None:
+                batch = [(w, r) for w, r in batch if quality(row_text(kind, r)) is None]
+            verdicts = dedup.add([row_text(kind, r) for _, r in batch])
+            for (where, row), (kept_text, reason) in zip(batch, verdicts):
+                if reason is not None:
+                    if len(removed_examples) < EXAMPLES:
+                        removed_examples.append({"where": where, "reason": reason})
+                    continue
+                if kind == "pretrain" and kept_text != row["text"]:
+                    row = {**row, "text": kept_text}      # paragraph dedup removed repeated paragraphs
+                match = spec.index.match(row_text(kind, row)) if spec.index is not None else None
+                if match is not None:
+                    suite, file, line = match
+                    hits.append({"where": where, "suite": suite, "file": file, "row": line})
+                    if spec.decontam_action == "remove":
+                        continue
+                writer.write(row)
+    bar.close()
+    seconds = time.perf_counter() - started
+    dedup_report = dedup.report.as_dict(spec.dedup, dedup.documents)
+    dedup_report.update(num_perm=spec.dedup.num_perm, workers=spec.dedup.workers,
+                        exact=spec.dedup.exact, near=spec.dedup.near, paragraphs=spec.dedup.paragraphs,
+                        duplicate_rate_before=_rate(dedup.report.exact_removed + dedup.report.near_removed,
+                                                    dedup.documents),
+                        examples=removed_examples)
+    if spec.verify and writer.paths:
+        dedup_report["duplicate_rate_after"] = residual_duplicate_rate(kind, writer.paths, spec.dedup)
+    if reports_folder is not None and hits:
+        reports_folder.mkdir(parents=True, exist_ok=True)
+        with (reports_folder / f"decontamination-{kind}.jsonl").open("w", encoding="utf-8") as handle:
+            for hit in hits:
+                handle.write(json.dumps(hit) + "\n")
+    return {
+        "rows_in": rows_in,
+        "rows_out": writer.rows,
+        "shards": [str(p.relative_to(out_folder.parent.parent)) for p in writer.paths],
+        "filters": quality.stats.as_dict() if quality is not None else None,
+        "dedup": dedup_report,
+        "decontamination": {"hits": len(hits), "by_suite": dict(Counter(h["suite"] for h in hits)),
+                            "action": spec.decontam_action, "examples": hits[:EXAMPLES]},
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(rows_in / seconds, 1) if seconds > 0 else None,
+    }
+
+
+def residual_duplicate_rate(kind: str, paths: list[Path], spec: DedupSpec) -> float:
+    """Share of output rows that are still exact or near duplicates of an earlier output row,
+    measured with a fresh index and a different MinHash seed (an independent second look)."""
+    check = DedupSpec(exact=True, near=spec.near, paragraphs=False, shingle_size=spec.shingle_size,
+                      num_perm=spec.num_perm, bands=spec.bands, rows=spec.rows, seed=spec.seed + 1,
+                      workers=spec.workers)
+    total = 0
+    with Deduplicator(check) as dedup:
+        for batch in _batches(read_files(paths), BATCH):
+            total += len(batch)
+            dedup.add([row_text(kind, r) for _, r in batch])
+        found = dedup.report.exact_removed + dedup.report.near_removed
+    return _rate(found, total)
+
+
+def _rate(part: int, whole: int) -> float:
+    return round(part / whole, 5) if whole else 0.0
+
+
+def _progress(kind: str, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(desc=f"data {kind}", unit=" rows", disable=not enabled, mininterval=2.0)
