@@ -88,7 +88,7 @@ def process_kind(kind: str, rows: Iterator[tuple[str, dict]], out_folder: Path, 
             for (where, row), (kept_text, reason) in zip(batch, verdicts):
                 if reason is not None:
                     if len(removed_examples) < EXAMPLES:
-                        removed_examples.append({"where": where, "reason": reason})
+                        removed_examples.append({"where": where, "reason": reason, "text": row_text(kind, row)[:120]})
                     continue
                 if kind == "pretrain" and kept_text != row["text"]:
                     row = {**row, "text": kept_text}      # paragraph dedup removed repeated paragraphs
