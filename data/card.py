@@ -6,7 +6,7 @@ passes in :mod:`data.prepare`; this module counts tokens and domains, packs pret
 and renders.
 
     >>> card = {"name": "d", "kinds": {}, "tokens": {}, "domains": {"web": {"documents": 3, "tokens": 30}},
-    ...         "mixture": natural_mixture({"web": {"documents": 3}}), "mixture_source": "natural"}
+    ...         "mixture": natural_mixture({"web": 3}), "mixture_source": "natural"}
     >>> print(summary_markdown(card).splitlines()[0])
     # Data card: d
 """
@@ -39,10 +39,10 @@ def domain_counts(run_path: Path) -> dict[str, dict]:
     return {d: {"documents": n} for d, n in sorted(counts.items())}
 
 
-def natural_mixture(domains: dict[str, dict]) -> list[dict]:
-    """One phase weighting domains by their documents (what pretraining does without a mixture)."""
-    total = sum(d["documents"] for d in domains.values()) or 1
-    return [{"until": 1.0, "weights": {d: round(v["documents"] / total, 6) for d, v in domains.items()}}]
+def natural_mixture(sizes: dict[str, int]) -> list[dict]:
+    """One phase weighting domains by size (what pretraining does without a mixture)."""
+    total = sum(sizes.values()) or 1
+    return [{"until": 1.0, "weights": {d: round(n / total, 6) for d, n in sorted(sizes.items())}}]
 
 
 def _chat_ids(tokenizer, conversations: list) -> list[list[int]]:
@@ -196,7 +196,8 @@ def summary_markdown(card: dict) -> str:
                         f"permutations, {d['bands']} bands x {d['rows']} rows: a pair is caught with 50 % "
                         f"probability at Jaccard {d['detection_50']} and 95 % at {d['detection_95']} "
                         f"({d['workers']} worker process(es)). Near-duplicate dedup runs on pretraining text; "
-                        "sft and prefs get exact dedup. \"After\" is re-measured on the output with a new MinHash seed."]
+                        "sft and prefs get exact dedup. \"After\" is re-measured on the output with a new MinHash seed: "
+                        "pairs near the threshold, caught by one seed and missed by another, show up there."]
         out += ["", "## Decontamination", ""]
         suites = card.get("decontamination_suites") or {}
         if suites:

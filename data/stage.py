@@ -254,11 +254,17 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                              "vocab_size": len(tokenizer)}
         card["tokens"] = cards.count_tokens(run.path, tokenizer)
         domains = cards.domain_counts(run.path)
-        card["mixture"] = check_mixture(recipe.mixture, set(domains)) or cards.natural_mixture(domains)
-        card["mixture_source"] = "recipe" if recipe.mixture else "natural (domains weighted by documents)"
+        phases = check_mixture(recipe.mixture, set(domains))
         if recipe.pack.enabled:
             card["packed"] = cards.pack(run.path, tokenizer, recipe.pack.seq_len)
         card["domains"] = domains
+        if phases:
+            card["mixture"], card["mixture_source"] = phases, "recipe"
+        else:  # what pretraining does without phases: sample rows uniformly, i.e. domains by size
+            sizes = ({d: v["rows"] for d, v in card["packed"]["domains"].items()} if "packed" in card
+                     else {d: v["documents"] for d, v in domains.items()})
+            card["mixture"] = cards.natural_mixture(sizes)
+            card["mixture_source"] = f"natural (domains weighted by {'packed rows' if 'packed' in card else 'documents'})"
         fingerprints = cards.fingerprints(run.path)
         card["fingerprints"] = fingerprints
         card["seconds"] = round(time.perf_counter() - started, 2)

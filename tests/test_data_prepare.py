@@ -43,7 +43,9 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
     assert all(k["decontamination"]["hits"] == 0 for k in card["kinds"].values())
     assert set(card["domains"]) == {"facts", "math"}
     weights = card["mixture"][0]["weights"]
-    assert card["mixture_source"].startswith("natural") and abs(sum(weights.values()) - 1) < 1e-5
+    assert card["mixture_source"] == "natural (domains weighted by packed rows)"
+    rows = {d: v["rows"] for d, v in card["packed"]["domains"].items()}
+    assert weights == pytest.approx({d: n / sum(rows.values()) for d, n in rows.items()}, abs=1e-6)
     assert card["tokens"]["pretrain"] == sum(d["tokens"] for d in card["packed"]["domains"].values())
     assert card["tokens"]["sft"] > 0 and card["tokens"]["prefs"] > 0
     assert data_run.info["data_fingerprints"] == card["fingerprints"]
