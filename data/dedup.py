@@ -97,12 +97,16 @@ def detection_curve(bands: int, rows: int) -> tuple[float, float]:
     return solve(0.5), solve(0.95)
 
 
-def _minhash_chunk(args: tuple[list[str], int, int, int]) -> list:
+def minhash_signatures(texts: list[str], spec: DedupSpec) -> list:
+    """MinHash signatures of ``texts`` in this process (workers call it on their chunk)."""
     from datasketch import LeanMinHash, MinHash
 
-    texts, size, num_perm, seed = args
-    sets = [list(shingles(t, size)) for t in texts]
-    return [LeanMinHash(m) for m in MinHash.bulk(sets, num_perm=num_perm, seed=seed)]
+    sets = [list(shingles(t, spec.shingle_size)) for t in texts]
+    return [LeanMinHash(m) for m in MinHash.bulk(sets, num_perm=spec.num_perm, seed=spec.seed)]
+
+
+def _minhash_chunk(args: tuple[list[str], DedupSpec]) -> list:
+    return minhash_signatures(*args)
 
 
 def _digest(text: str) -> bytes:
@@ -149,18 +153,19 @@ class Deduplicator:
     def _signatures(self, texts: list[str]) -> list:
         spec = self.spec
         if spec.workers <= 1 or len(texts) < 2 * spec.workers:
-            return _minhash_chunk((texts, spec.shingle_size, spec.num_perm, spec.seed))
+            return minhash_signatures(texts, spec)
         if self._pool is None:
             self._pool = ProcessPoolExecutor(spec.workers)
         size = -(-len(texts) // (spec.workers * 4))
-        jobs = [(texts[i:i + size], spec.shingle_size, spec.num_perm, spec.seed) for i in range(0, len(texts), size)]
+        jobs = [(texts[i:i + size], spec) for i in range(0, len(texts), size)]
         return [m for part in self._pool.map(_minhash_chunk, jobs) for m in part]
 
-    def add(self, texts: list[str]) -> list[tuple[str | None, str | None]]:
+    def add(self, texts: list[str], signatures: list | None = None) -> list[tuple[str | None, str | None]]:
         """Per document: ``(text to keep, None)`` or ``(None, "exact" | "near")``.
 
         With ``spec.paragraphs`` the kept text has paragraphs seen earlier removed; a document
-        left with no new paragraph is dropped as ``"paragraphs"``.
+        left with no new paragraph is dropped as ``"paragraphs"``. ``signatures`` (one per text,
+        from :func:`minhash_signatures`) may be computed elsewhere, e.g. by workers that also filter.
         """
         spec, report = self.spec, self.report
         first = self.documents
@@ -180,7 +185,9 @@ class Deduplicator:
             if self._lsh is None:
                 self._lsh = MinHashLSH(num_perm=spec.num_perm, params=(spec.bands, spec.rows))
             todo = [i for i, v in enumerate(verdicts) if v is None]
-            for i, signature in zip(todo, self._signatures([texts[i] for i in todo])):
+            found = ([signatures[i] for i in todo] if signatures is not None
+                     else self._signatures([texts[i] for i in todo]))
+            for i, signature in zip(todo, found):
                 match = self._lsh.query(signature)
                 if match:
                     source = min(match)

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ProcessPoolExecutor
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .decontaminate import EvalIndex
-from .dedup import DedupSpec, Deduplicator
-from .filters import FilterSpec, QualityFilter
+from .dedup import DedupSpec, Deduplicator, minhash_signatures
+from .filters import FilterSpec, QualityFilter, check
 from .shards import ShardWriter, read_files
 
 BATCH = 5000        # rows per dedup batch (MinHashes of a batch go to the worker pool together)
@@ -69,6 +70,47 @@ def _batches(rows: Iterable, size: int) -> Iterator[list]:
         yield batch
 
 
+def _clean_and_sign(job: tuple[list[str], FilterSpec | None, DedupSpec | None]) -> tuple[list, list]:
+    """Filter verdicts for ``texts`` and MinHash signatures of those that pass (runs in a worker)."""
+    texts, filters, near = job
+    reasons = [check(t, filters) for t in texts] if filters is not None else [None] * len(texts)
+    passing = [t for t, reason in zip(texts, reasons) if reason is None]
+    return reasons, (minhash_signatures(passing, near) if near is not None and passing else [])
+
+
+class CleanAndSign:
+    """The per-document CPU work of a batch (quality filters + MinHash) on ``workers`` processes.
+
+    Each process takes a contiguous chunk of the batch, so verdicts and signatures come back in
+    corpus order and the result does not depend on the number of workers.
+    """
+
+    def __init__(self, filters: FilterSpec | None, dedup: DedupSpec) -> None:
+        self.filters = filters
+        self.near = dedup if dedup.near else None
+        self.workers = dedup.workers
+        self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
+
+    def __call__(self, texts: list[str]) -> tuple[list[str | None], list | None]:
+        if self.pool is None or len(texts) < 2 * self.workers:
+            reasons, signatures = _clean_and_sign((texts, self.filters, self.near))
+        else:
+            size = -(-len(texts) // (self.workers * 4))
+            jobs = [(texts[i:i + size], self.filters, self.near) for i in range(0, len(texts), size)]
+            reasons, signatures = [], []
+            for part_reasons, part_signatures in self.pool.map(_clean_and_sign, jobs):
+                reasons += part_reasons
+                signatures += part_signatures
+        return reasons, (signatures if self.near is not None else None)
+
+    def __enter__(self) -> "CleanAndSign":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pool is not None:
+            self.pool.shutdown()
+
+
 def process_kind(kind: str, rows: Iterator[tuple[str, dict]], out_folder: Path, spec: ProcessSpec,
                  reports_folder: Path | None = None, progress: bool = False) -> dict:
     """Stream one kind's rows into shards under ``out_folder``; the report for the data card."""
@@ -78,13 +120,18 @@ def process_kind(kind: str, rows: Iterator[tuple[str, dict]], out_folder: Path, 
     removed_examples: list[dict] = []
     rows_in = 0
     bar = _progress(kind, progress)
-    with Deduplicator(spec.dedup) as dedup, ShardWriter(out_folder, spec.rows_per_shard) as writer:
+    with CleanAndSign(quality.spec if quality is not None else None, spec.dedup) as work, \
+            Deduplicator(spec.dedup) as dedup, ShardWriter(out_folder, spec.rows_per_shard) as writer:
         for batch in _batches(rows, BATCH):
             rows_in += len(batch)
             bar.update(len(batch))
+            texts = [row_text(kind, r) for _, r in batch]
+            reasons, signatures = work(texts)
             if quality is not None:
-                batch = [(w, r) for w, r in batch if quality(row_text(kind, r)) is None]
-            verdicts = dedup.add([row_text(kind, r) for _, r in batch])
+                for text, reason in zip(texts, reasons):
+                    quality.stats.add(reason, text)
+            batch = [item for item, reason in zip(batch, reasons) if reason is None]
+            verdicts = dedup.add([t for t, reason in zip(texts, reasons) if reason is None], signatures)
             for (where, row), (kept_text, reason) in zip(batch, verdicts):
                 if reason is not None:
                     if len(removed_examples) < EXAMPLES:

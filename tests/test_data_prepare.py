@@ -179,6 +179,13 @@ def test_a_mixture_declared_with_the_data_is_recorded_and_adopted_by_pretraining
     assert recipe.mixture == card["mixture"]
 
 
+def test_two_worker_processes_write_the_same_data_as_one(tmp_path, data_run):
+    runs = Runs(tmp_path / "runs")
+    two = run_stage("data", runs, name="data-two-workers", dedup={"workers": 2})
+    assert card_of(two)["kinds"]["pretrain"]["dedup"]["workers"] == 2
+    assert two.info["data_fingerprints"] == data_run.info["data_fingerprints"]
+
+
 def test_recipe_mistakes_are_caught_before_reading_data(tmp_path):
     runs = Runs(tmp_path / "runs")
     data = load_stage("data")
