@@ -50,10 +50,10 @@ def _chat_ids(tokenizer, conversations: list) -> list[list[int]]:
     return tokenizer(rendered, add_special_tokens=False)["input_ids"]
 
 
-def count_tokens(run_path: Path, tokenizer, batch: int = 1000) -> dict[str, int]:
+def count_tokens(run_path: Path, tokenizer, kinds: tuple[str, ...] = KIND_NAMES, batch: int = 1000) -> dict[str, int]:
     """Tokens per kind: pretraining text plus its separators, chat and pairs through the chat template."""
     totals = {}
-    for kind in KIND_NAMES:
+    for kind in kinds:
         total, pending = 0, []
 
         def flush() -> int:

@@ -55,6 +55,7 @@ class EvalIndex:
     min_words: int = 8
     sources: dict[str, tuple[str, str, int]] = field(default_factory=dict)
     short: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # whole items of < n words
+    short_lengths: set[int] = field(default_factory=set)  # word counts of the short items
 
     @classmethod
     def from_suites(cls, folders: list[str | Path], n: int = 13, min_words: int = 8) -> "EvalIndex":
@@ -70,6 +71,8 @@ class EvalIndex:
         if len(words) < self.min_words:
             return
         target = self.sources if len(words) >= self.n else self.short
+        if len(words) < self.n:
+            self.short_lengths.add(len(words))
         for gram in ngrams(words, self.n):
             target.setdefault(gram, source)
 
@@ -78,7 +81,7 @@ class EvalIndex:
         for gram in ngrams(words, self.n):
             if gram in self.sources:
                 return self.sources[gram]
-        for length in sorted({len(item.split()) for item in self.short}):
+        for length in sorted(self.short_lengths):
             for i in range(len(words) - length + 1):
                 hit = self.short.get(" ".join(words[i:i + length]))
                 if hit:

@@ -64,8 +64,9 @@ class DedupReport:
 
 def normalise(text: str) -> str:
     """Case-folded, accent-stripped words joined by single spaces (punctuation dropped)."""
-    text = unicodedata.normalize("NFKD", text)
-    text = "".join(c for c in text if not unicodedata.combining(c))
+    if not text.isascii():  # ASCII has no accents to strip; the per-character pass is the slow part
+        text = unicodedata.normalize("NFKD", text)
+        text = "".join(c for c in text if not unicodedata.combining(c))
     return " ".join(_WORD.findall(text.casefold()))
 
 

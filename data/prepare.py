@@ -18,7 +18,7 @@ import json
 import time
 from concurrent.futures import ProcessPoolExecutor
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,16 +91,22 @@ class CleanAndSign:
         self.workers = dedup.workers
         self.pool = ProcessPoolExecutor(self.workers) if self.workers > 1 else None
 
-    def __call__(self, texts: list[str]) -> tuple[list[str | None], list | None]:
+    def submit(self, texts: list[str]) -> Callable[[], tuple[list[str | None], list | None]]:
+        """Start the work on ``texts``; the returned function waits for ``(reasons, signatures)``.
+
+        Submitting batch k+1 before absorbing batch k keeps the workers busy while the main
+        process runs the LSH index, decontamination and writing.
+        """
         if self.pool is None or len(texts) < 2 * self.workers:
-            reasons, signatures = _clean_and_sign((texts, self.filters, self.near))
-        else:
-            size = -(-len(texts) // (self.workers * 4))
-            jobs = [(texts[i:i + size], self.filters, self.near) for i in range(0, len(texts), size)]
-            reasons, signatures = [], []
-            for part_reasons, part_signatures in self.pool.map(_clean_and_sign, jobs):
-                reasons += part_reasons
-                signatures += part_signatures
+            return lambda: self._join([_clean_and_sign((texts, self.filters, self.near))])
+        size = -(-len(texts) // (self.workers * 4))
+        futures = [self.pool.submit(_clean_and_sign, (texts[i:i + size], self.filters, self.near))
+                   for i in range(0, len(texts), size)]
+        return lambda: self._join([f.result() for f in futures])
+
+    def _join(self, parts: list[tuple[list, list]]) -> tuple[list[str | None], list | None]:
+        reasons = [r for part, _ in parts for r in part]
+        signatures = [sig for _, part in parts for sig in part]
         return reasons, (signatures if self.near is not None else None)
 
     def __enter__(self) -> "CleanAndSign":
@@ -122,11 +128,8 @@ def process_kind(kind: str, rows: Iterator[tuple[str, dict]], out_folder: Path, 
     bar = _progress(kind, progress)
     with CleanAndSign(quality.spec if quality is not None else None, spec.dedup) as work, \
             Deduplicator(spec.dedup) as dedup, ShardWriter(out_folder, spec.rows_per_shard) as writer:
-        for batch in _batches(rows, BATCH):
-            rows_in += len(batch)
-            bar.update(len(batch))
-            texts = [row_text(kind, r) for _, r in batch]
-            reasons, signatures = work(texts)
+
+        def absorb(batch: list, texts: list[str], reasons: list, signatures: list | None) -> None:
             if quality is not None:
                 for text, reason in zip(texts, reasons):
                     quality.stats.add(reason, text)
@@ -146,6 +149,18 @@ def process_kind(kind: str, rows: Iterator[tuple[str, dict]], out_folder: Path, 
                     if spec.decontam_action == "remove":
                         continue
                 writer.write(row)
+
+        pending = None
+        for batch in _batches(rows, BATCH):
+            rows_in += len(batch)
+            bar.update(len(batch))
+            texts = [row_text(kind, r) for _, r in batch]
+            started_work = work.submit(texts)
+            if pending is not None:
+                absorb(pending[0], pending[1], *pending[2]())
+            pending = (batch, texts, started_work)
+        if pending is not None:
+            absorb(pending[0], pending[1], *pending[2]())
     bar.close()
     seconds = time.perf_counter() - started
     dedup_report = dedup.report.as_dict(spec.dedup, dedup.documents)

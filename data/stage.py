@@ -252,11 +252,15 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         tokenizer = _tokenizer(recipe, run, kind_files)
         card["tokenizer"] = {"path": recipe.tokenizer.path or "trained on the kept pretrain + sft text",
                              "vocab_size": len(tokenizer)}
-        card["tokens"] = cards.count_tokens(run.path, tokenizer)
-        domains = cards.domain_counts(run.path)
-        phases = check_mixture(recipe.mixture, set(domains))
-        if recipe.pack.enabled:
+        if recipe.pack.enabled:  # tokenizes the pretraining text once, for the rows and the counts
             card["packed"] = cards.pack(run.path, tokenizer, recipe.pack.seq_len)
+            domains = {d: {"documents": v["documents"]} for d, v in card["packed"]["domains"].items()}
+            counted = cards.count_tokens(run.path, tokenizer, kinds=("sft", "prefs"))
+            card["tokens"] = {"pretrain": sum(v["tokens"] for v in card["packed"]["domains"].values()), **counted}
+        else:
+            domains = cards.domain_counts(run.path)
+            card["tokens"] = cards.count_tokens(run.path, tokenizer)
+        phases = check_mixture(recipe.mixture, set(domains))
         card["domains"] = domains
         if phases:
             card["mixture"], card["mixture_source"] = phases, "recipe"

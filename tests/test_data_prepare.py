@@ -46,7 +46,12 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
     assert card["mixture_source"] == "natural (domains weighted by packed rows)"
     rows = {d: v["rows"] for d, v in card["packed"]["domains"].items()}
     assert weights == pytest.approx({d: n / sum(rows.values()) for d, n in rows.items()}, abs=1e-6)
-    assert card["tokens"]["pretrain"] == sum(d["tokens"] for d in card["packed"]["domains"].values())
+    from transformers import AutoTokenizer
+
+    from data.shards import read_kind
+    tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
+    texts = [row["text"] for _, row in read_kind(data_run.path, "pretrain")]
+    assert card["tokens"]["pretrain"] == sum(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     assert card["tokens"]["sft"] > 0 and card["tokens"]["prefs"] > 0
     assert data_run.info["data_fingerprints"] == card["fingerprints"]
     assert set(card["fingerprints"]) == {"data/pretrain", "data/sft", "data/prefs", "packed/facts", "packed/math"}
