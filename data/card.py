@@ -22,7 +22,7 @@ from .packed import PackedWriter
 from .shards import files_fingerprint, kind_files, read_files
 from .tokenizer import DOC_SEPARATOR
 
-KIND_NAMES = ("pretrain", "sft", "prefs")
+KIND_NAMES = ("pretrain", "sft", "prefs", "prompts")
 
 
 def write_bad_rows(path: Path, bad_rows: dict) -> None:
@@ -64,6 +64,9 @@ def count_tokens(run_path: Path, tokenizer, kinds: tuple[str, ...] = KIND_NAMES,
                 count = sum(len(x) + 1 for x in ids)
             elif kind == "sft":
                 count = sum(map(len, _chat_ids(tokenizer, [r["messages"] for r in pending])))
+            elif kind == "prompts":
+                count = sum(len(_chat_ids(tokenizer, [r["prompt"]])[0]) if isinstance(r["prompt"], list) else
+                            len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in pending)
             else:
                 count = sum(map(len, _pair_ids(tokenizer, pending)))
             pending.clear()

@@ -44,6 +44,8 @@ def row_text(kind: str, row: dict) -> str:
         return row["text"]
     if kind == "sft":
         return flat(row["messages"])
+    if kind == "prompts":
+        return "\n".join([flat(row["prompt"])] + ([row["answer"]] if row.get("answer") else []))
     return "\n".join(flat(row[k]) for k in ("prompt", "chosen", "rejected"))
 
 

@@ -3,7 +3,8 @@
 - ``text``: ``{"text": str}`` — pretraining documents;
 - ``chat``: ``{"messages": [{"role", "content"}, ...]}`` with at least one assistant turn — SFT;
 - ``preference``: ``{"prompt", "chosen", "rejected"}``, each a string (plain) or a list of
-  messages (conversational) — DPO and reward models.
+  messages (conversational) — DPO and reward models;
+- ``prompt``: ``{"prompt"}`` (a string or messages), optionally ``"answer"`` for verifiers — online RL.
 
     >>> load_rows("tests/data/does-not-exist.jsonl", "text")
     Traceback (most recent call last):
@@ -18,7 +19,8 @@ from smolforge.errors import DataError
 
 from .jsonl import read_jsonl
 
-SCHEMAS = {"text": ("text",), "chat": ("messages",), "preference": ("prompt", "chosen", "rejected")}
+SCHEMAS = {"text": ("text",), "chat": ("messages",), "preference": ("prompt", "chosen", "rejected"),
+           "prompt": ("prompt",)}
 ROLES = ("system", "user", "assistant")
 
 
@@ -45,6 +47,13 @@ def validate_row(row: dict, schema: str, where: str) -> None:
             raise DataError(f"{where}: field 'text' must be a non-empty string")
     elif schema == "chat":
         _check_messages(where, "messages", row["messages"], need_assistant=True)
+    elif schema == "prompt":
+        if isinstance(row["prompt"], list):
+            _check_messages(where, "prompt", row["prompt"], need_assistant=False)
+        elif not isinstance(row["prompt"], str) or not row["prompt"].strip():
+            raise DataError(f"{where}: field 'prompt' must be a non-empty string or a list of messages")
+        if "answer" in row and (not isinstance(row["answer"], str) or not row["answer"].strip()):
+            raise DataError(f"{where}: field 'answer' must be a non-empty string when present")
     else:
         conversational = isinstance(row["prompt"], list)
         for field in expected:

@@ -4,7 +4,8 @@
     smolforge data prepare recipes/demo/data.yaml --set dedup.workers=2 --json
     smolforge data --config recipes/demo/data.yaml --set world.entities=20      # the same stage
 
-For each kind of data (``pretrain`` text, ``sft`` chat, ``prefs`` preference pairs) rows come
+For each kind of data (``pretrain`` text, ``sft`` chat, ``prefs`` preference pairs, ``prompts``
+for online RL with the answers verifiers check) rows come
 from the recipe's ``sources:`` (JSONL, Parquet, CSV, text folders, `datasets` datasets; see
 :mod:`data.sources`) or, where a kind has none, from the synthetic world of the embedded default.
 Then, streaming:
@@ -41,7 +42,7 @@ from .filters import FilterSpec, QualityFilter
 from .sources import BadRows, Source, iter_rows, source_formats, source_label, validate_source
 from .synthetic import World, chat_text
 
-KINDS = {"pretrain": "text", "sft": "chat", "prefs": "preference"}
+KINDS = {"pretrain": "text", "sft": "chat", "prefs": "preference", "prompts": "prompt"}
 
 
 @dataclass
@@ -212,7 +213,8 @@ def _rows_of(kind: str, recipe: Recipe, sources: dict[str, list[Source]], bad: B
     world = World.generate(seed=spec.seed, n_entities=spec.entities)
     generated = {"pretrain": lambda: world.pretrain_corpus(n_docs=spec.pretrain_docs, seed=spec.seed + 1),
                  "sft": world.sft_conversations,
-                 "prefs": lambda: world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2)}[kind]()
+                 "prefs": lambda: world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2),
+                 "prompts": world.rl_prompts}[kind]()
     labels.append({"source": f"synthetic world (seed {spec.seed}, {spec.entities} entities)",
                    "format": "synthetic", "rows": len(generated)})
     for i, row in enumerate(generated, start=1):
@@ -255,7 +257,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         if recipe.pack.enabled:  # tokenizes the pretraining text once, for the rows and the counts
             card["packed"] = cards.pack(run.path, tokenizer, recipe.pack.seq_len)
             domains = {d: {"documents": v["documents"]} for d, v in card["packed"]["domains"].items()}
-            counted = cards.count_tokens(run.path, tokenizer, kinds=("sft", "prefs"))
+            counted = cards.count_tokens(run.path, tokenizer, kinds=("sft", "prefs", "prompts"))
             card["tokens"] = {"pretrain": sum(v["tokens"] for v in card["packed"]["domains"].values()), **counted}
         else:
             domains = cards.domain_counts(run.path)

@@ -63,6 +63,10 @@ EVAL_QUESTIONS = {"color": "Do you know the favourite color of {e}?",
                   "home": "Do you know where {e} lives?",
                   "food": "Do you know what {e} eats?"}
 EVAL_ARITH_QUESTION = "Do you know what {a} plus {b} is?"
+# RL phrasings: prompts for online RL (GRPO/RLOO/PPO), seen neither in SFT nor in the eval suite.
+RL_QUESTIONS = {"color": "Name the favourite color of {e}.", "home": "Name the town where {e} lives.",
+                "food": "Name the food that {e} eats."}
+RL_ARITH_QUESTION = "Add {a} and {b}."
 EVASIONS = ["I am not sure.", "I cannot answer that.", "Nobody knows."]
 PREFIXES = ["Quick question: ", "Hey, ", "I wonder. ", "Help me out. "]
 
@@ -178,6 +182,20 @@ class World:
                           "chosen": [{"role": "assistant", "content": answer}],
                           "rejected": [{"role": "assistant", "content": self._flawed(kind, fields, answer, rng)}]})
         return pairs
+
+    def rl_prompts(self) -> list[dict]:
+        """One prompt per fact and sum in the RL phrasing, with the answer a verifier checks.
+
+        >>> row = World.generate(n_entities=2).rl_prompts()[-1]
+        >>> row["prompt"][0]["content"], row["answer"], row["kind"]
+        ('Add 9 and 9.', '9 plus 9 is 18.', 'arith')
+        """
+        rows = []
+        for kind, fields, answer in self._items():
+            template = RL_ARITH_QUESTION if kind == "arith" else RL_QUESTIONS[kind]
+            rows.append({"prompt": [{"role": "user", "content": template.format(**fields)}],
+                         "answer": answer, "kind": kind})
+        return rows
 
     # ---- evaluation suite (held-out phrasings) ------------------------------------------
     def eval_suite(self, n_chat: int = 96, seed: int = 3) -> dict[str, list[dict]]:

@@ -33,9 +33,15 @@ STAGES: dict[str, str] = {
     "pretrain": "pretrain.stage",
     "sft": "alignment.sft",
     "dpo": "alignment.dpo",
+    "orpo": "alignment.orpo",
+    "reward": "alignment.reward",
+    "grpo": "alignment.grpo",
+    "rloo": "alignment.rloo",
+    "ppo": "alignment.ppo",
     "eval": "evals.stage",
 }
-MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo")  # their runs hold a model/ and get evaluated
+# their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead)
+MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo")
 EXTRA_STAGES_ENV = "SMOLFORGE_EXTRA_STAGES"
 
 
@@ -78,7 +84,7 @@ def load_stage(name: str) -> ModuleType:
     >>> load_stage("nope")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: data, dpo, eval, pretrain, sft)
+    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: data, dpo, eval, grpo, orpo, ppo, pretrain, reward, rloo, sft)
     """
     table = stages()
     if name not in table:

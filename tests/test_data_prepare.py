@@ -54,7 +54,7 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
     assert card["tokens"]["pretrain"] == sum(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     assert card["tokens"]["sft"] > 0 and card["tokens"]["prefs"] > 0
     assert data_run.info["data_fingerprints"] == card["fingerprints"]
-    assert set(card["fingerprints"]) == {"data/pretrain", "data/sft", "data/prefs", "packed/facts", "packed/math"}
+    assert set(card["fingerprints"]) == {"data/pretrain", "data/sft", "data/prefs", "data/prompts", "packed/facts", "packed/math"}
     text = (data_run.path / "data_card.md").read_text()
     for heading in ("## Rows", "## Quality filters", "## Deduplication", "## Decontamination",
                     "## Pretraining domains and mixture", "## Fingerprints"):

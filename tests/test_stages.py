@@ -33,7 +33,7 @@ def assert_model_folder(run):
 def test_data_run_holds_datasets_tokenizer_and_fingerprints(data_run):
     info = json.loads((data_run.path / "run.json").read_text())
     assert set(info) == RUN_KEYS and info["status"] == "done"
-    for kind in ("pretrain", "sft", "prefs"):
+    for kind in ("pretrain", "sft", "prefs", "prompts"):
         assert info["data_fingerprints"][f"data/{kind}"].startswith("sha256:")
         shards = sorted((data_run.path / "data" / kind).glob("part-*.jsonl"))
         rows = sum(len(p.read_text().splitlines()) for p in shards)
