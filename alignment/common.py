@@ -103,12 +103,31 @@ def validate_inputs(stage: str, recipe, runs: Runs) -> None:
     load_many(paths, schema)
 
 
+def split_heldout(rows: list, fraction: float, seed: int) -> tuple[list, list]:
+    """A seeded shuffle, then the last ``fraction`` of the rows (at least one when > 0) is held out.
+
+    >>> train, heldout = split_heldout(list(range(10)), 0.2, seed=0)
+    >>> len(train), len(heldout), sorted(train + heldout) == list(range(10))
+    (8, 2, True)
+    """
+    import random
+
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    n_held = max(1, round(len(rows) * fraction)) if fraction > 0 else 0
+    cut = len(rows) - n_held
+    return [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
+
+
 def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
-                      overwrite: bool = False, summarize: Callable[[Any], dict] | None = None) -> Run:
+                      overwrite: bool = False, summarize: Callable[[Any], dict] | None = None,
+                      eval_fraction: float = 0.0, export: Callable[[Any, Run], Any] | None = None) -> Run:
     """The shape every TRL stage shares: parent model + data → trainer → ``model/`` + summary.
 
-    ``make_trainer(model_dir, dataset, tokenizer, callbacks)`` builds the TRL trainer;
-    ``summarize(trainer)`` adds stage-specific figures to the ``train/*`` summary.
+    ``make_trainer(model_dir, dataset, tokenizer, callbacks)`` builds the TRL trainer (with
+    ``eval_fraction > 0`` it also gets ``eval_dataset=``, a seeded held-out split of the rows);
+    ``summarize(trainer)`` adds stage-specific figures to the ``train/*`` summary;
+    ``export(trainer, run)`` returns the model to save (e.g. LoRA merged into its base).
     """
     from datasets import Dataset
 
@@ -123,9 +142,14 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
                     data_fingerprints=lineage_fingerprints(parents, {kind: paths}), overwrite=overwrite) as run:
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
-        trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, [run_logger(run)])
+        if eval_fraction > 0:
+            train_rows, eval_rows = split_heldout(rows, eval_fraction, recipe.trainer.seed)
+            trainer = make_trainer(parent.model_dir, Dataset.from_list(train_rows), tokenizer, [run_logger(run)],
+                                   eval_dataset=Dataset.from_list(eval_rows))
+        else:
+            trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, [run_logger(run)])
         result = trainer.train()
-        run.save_model(trainer.model, tokenizer)
+        run.save_model(export(trainer, run) if export is not None else trainer.model, tokenizer)
         summary = train_summary(trainer, result)
         if summarize is not None:
             summary.update(summarize(trainer))

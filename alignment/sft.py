@@ -2,23 +2,42 @@
 
     smolforge sft --config recipes/demo/sft.yaml
     smolforge sft --config recipes/demo/sft.yaml --set trainer.max_steps=20 --learning_rate 3e-4
+    smolforge sft --config recipes/demo/sft.yaml --set lora.r=16 --set name=sft-lora
 
-Reads a parent run (``model/``) and chat data (a data run's ``data/sft.jsonl`` or a JSONL file of
-``{"messages": [...]}`` rows); trains with assistant-only loss on padding-free packed sequences;
-writes a run whose ``model/`` is a plain HF model. ``trainer:`` takes any ``trl.SFTConfig`` field.
+Reads a parent run (``model/``) and chat data (a data run's ``sft`` shards or a JSONL file of
+``{"messages": [...]}`` rows) and trains with assistant-only loss through the tokenizer's chat
+template (or ``chat_template:`` from the recipe). Writes a run whose ``model/`` is a plain HF
+model. ``trainer:`` takes any ``trl.SFTConfig`` field. What smolforge adds, as the playbook
+advises:
+
+- **held-out split** (``eval_fraction``, 20 % by default): eval loss every ``trainer.eval_steps``,
+  early stopping after ``early_stopping_patience`` evaluations without improvement, and the best
+  checkpoint is the one exported;
+- **learning rate relative to pretraining**: left at TRL's default, ``trainer.learning_rate``
+  becomes ``lr_vs_pretrain`` (0.2) × the peak LR of the pretraining run in the lineage; a value
+  you set outside 1/10–1/5 of it gets a warning;
+- **LoRA** (``lora:``): PEFT adapters; the adapter is kept in ``adapter/`` and merged into
+  ``model/``, so downstream stages, vLLM and lm-eval see a plain model.
 """
 from __future__ import annotations
 
+import dataclasses
+import logging
 from dataclasses import dataclass, field
+
 from trl import SFTConfig
 
+from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Run, Runs
 
 from .common import train_from_parent, trainer_defaults, validate_inputs
 
+log = logging.getLogger(__name__)
+TRL_DEFAULT_LR = SFTConfig.__dataclass_fields__["learning_rate"].default
+
 
 def defaults() -> dict:
-    """Recipe values applied beneath the YAML (the playbook: SFT LR 1/10-1/5 of pretraining).
+    """Recipe values applied beneath the YAML.
 
     Packing is on only with a GPU: TRL's padding-free packing flattens a batch into one row,
     and without flash-attention's varlen kernels SDPA then computes the whole (batch x length)^2
@@ -27,29 +46,136 @@ def defaults() -> dict:
     """
     from .common import cuda_available
 
-    return {"trainer": trainer_defaults(max_steps=300, per_device_train_batch_size=64, learning_rate=6e-4,
+    return {"trainer": trainer_defaults(max_steps=300, per_device_train_batch_size=64,
                                         lr_scheduler_type="cosine", warmup_steps=10, weight_decay=0.0,
-                                        packing=cuda_available(), assistant_only_loss=True, max_length=256)}
+                                        packing=cuda_available(), assistant_only_loss=True, max_length=256,
+                                        eval_steps=50, per_device_eval_batch_size=64)}
+
+
+@dataclass
+class LoraSpec:
+    r: int = 16                       # adapter rank
+    alpha: int = 32                   # scaling numerator (scale = alpha / r)
+    dropout: float = 0.05             # dropout on the adapter input
+    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                          "gate_proj", "up_proj", "down_proj"])  # modules to adapt
 
 
 @dataclass
 class Recipe:
     name: str = "sft-demo"            # run name
     parent: str = "pretrain-demo"     # run whose model/ is fine-tuned
-    data: str = "data-demo"           # data run (its data/sft.jsonl) or a .jsonl of {"messages"} rows
+    data: str = "data-demo"           # data run (its sft shards) or a .jsonl of {"messages"} rows
+    eval_fraction: float = 0.2        # held-out conversations for eval loss and early stopping (0 = off)
+    early_stopping_patience: int = 3  # evaluations without a better eval loss before stopping (0 = off)
+    lr_vs_pretrain: float = 0.2       # LR = this x the lineage's pretraining peak LR, when trainer.learning_rate is unset
+    chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's
+    lora: LoraSpec | None = None      # PEFT LoRA adapters, merged into model/ at the end
     trainer: SFTConfig = field(default_factory=lambda: SFTConfig(**defaults()["trainer"]))  # any trl.SFTConfig field
 
 
+def pretraining_lr(runs: Runs, ref: str) -> float | None:
+    """The peak learning rate of the first pretraining run among ``ref`` and its ancestors."""
+    queue, seen = [ref], set()
+    while queue:
+        name = queue.pop(0)
+        if name in seen:
+            continue
+        seen.add(name)
+        try:
+            run = runs.get(name)
+        except RunError:
+            continue
+        if run.stage == "pretrain":
+            return float(run.info["recipe"]["train"]["learning_rate"])
+        queue += run.parents
+    return None
+
+
+def resolve_learning_rate(recipe: Recipe, runs: Runs) -> None:
+    """Set or check ``trainer.learning_rate`` against the lineage's pretraining LR."""
+    base = pretraining_lr(runs, recipe.parent)
+    lr = recipe.trainer.learning_rate
+    if lr == TRL_DEFAULT_LR:
+        if base is None:
+            log.info("sft: no pretraining run in the lineage of '%s'; trainer.learning_rate stays %g",
+                     recipe.parent, lr)
+            return
+        recipe.trainer.learning_rate = recipe.lr_vs_pretrain * base
+        log.info("sft: learning_rate %g = %g x pretraining peak %g", recipe.trainer.learning_rate,
+                 recipe.lr_vs_pretrain, base)
+    elif base is not None and not base / 10 * 0.999 <= lr <= base / 5 * 1.001:
+        log.warning("sft: trainer.learning_rate %g is outside 1/10-1/5 of the pretraining peak %g "
+                    "(the playbook's range: %g-%g)", lr, base, base / 10, base / 5)
+
+
+def _with_early_stopping(recipe: Recipe) -> SFTConfig:
+    """The trainer config with evaluation, best-checkpoint tracking and export of the best."""
+    t = recipe.trainer
+    if recipe.eval_fraction <= 0:
+        return t
+    changes = {"eval_strategy": "steps", "eval_steps": t.eval_steps or 50}
+    if recipe.early_stopping_patience > 0:
+        changes.update(save_strategy="steps", save_steps=changes["eval_steps"], save_total_limit=1,
+                       load_best_model_at_end=True, metric_for_best_model="eval_loss", greater_is_better=False)
+    return dataclasses.replace(t, **changes)
+
+
 def validate(recipe: Recipe, runs: Runs) -> None:
+    if not 0 <= recipe.eval_fraction < 1:
+        raise RecipeError(f"eval_fraction must be in [0, 1), got {recipe.eval_fraction}")
+    if recipe.early_stopping_patience < 0:
+        raise RecipeError(f"early_stopping_patience must be >= 0, got {recipe.early_stopping_patience}")
+    if recipe.early_stopping_patience and not recipe.eval_fraction:
+        raise RecipeError("early_stopping_patience needs a held-out split: set eval_fraction > 0 (or patience 0)")
+    if not 0 < recipe.lr_vs_pretrain <= 1:
+        raise RecipeError(f"lr_vs_pretrain must be in (0, 1], got {recipe.lr_vs_pretrain}")
+    if recipe.lora is not None and (recipe.lora.r < 1 or recipe.lora.alpha <= 0 or not recipe.lora.target_modules):
+        raise RecipeError("lora: r must be >= 1, alpha > 0 and target_modules non-empty")
     validate_inputs("sft", recipe, runs)
 
 
+def _export_merged(trainer, run: Run):
+    """Keep the adapter in ``adapter/`` and return the base model with the adapter merged in."""
+    trainer.model.save_pretrained(run.path / "adapter", safe_serialization=True)
+    return trainer.model.merge_and_unload()
+
+
+def _summary(trainer) -> dict:
+    state = trainer.state
+    out = {}
+    evals = [h["eval_loss"] for h in state.log_history if "eval_loss" in h]
+    if evals:
+        out["sft/heldout_loss"] = round(min(evals), 5)
+        out["sft/evaluations"] = len(evals)
+    if state.best_model_checkpoint:
+        out["sft/best_step"] = int(state.best_model_checkpoint.rstrip("/").rsplit("-", 1)[-1])
+    out["sft/stopped_early"] = state.global_step < state.max_steps
+    return out
+
+
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, EarlyStoppingCallback
     from trl import SFTTrainer
 
-    def make_trainer(model_dir, dataset, tokenizer, callbacks):
-        return SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=recipe.trainer,
-                          train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
+    resolve_learning_rate(recipe, runs)
+    recipe.trainer = _with_early_stopping(recipe)
+    peft_config = None
+    if recipe.lora is not None:
+        from peft import LoraConfig
 
-    return train_from_parent("sft", recipe, runs, make_trainer, overwrite=overwrite)
+        peft_config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
+                                 target_modules=list(recipe.lora.target_modules), task_type="CAUSAL_LM")
+
+    def make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None):
+        if recipe.chat_template:
+            tokenizer.chat_template = recipe.chat_template
+        if eval_dataset is not None and recipe.early_stopping_patience > 0:
+            callbacks = callbacks + [EarlyStoppingCallback(early_stopping_patience=recipe.early_stopping_patience)]
+        return SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=recipe.trainer,
+                          train_dataset=dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
+                          callbacks=callbacks, peft_config=peft_config)
+
+    return train_from_parent("sft", recipe, runs, make_trainer, overwrite=overwrite, summarize=_summary,
+                             eval_fraction=recipe.eval_fraction,
+                             export=_export_merged if peft_config is not None else None)

@@ -31,7 +31,7 @@ TINY = {
                            "log_every": 2},
                  "checkpoint": {"every_steps": 6}},
     "sft": {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64,
-                        "logging_steps": 1, "learning_rate": 1e-3}},
+                        "logging_steps": 1, "learning_rate": 1e-3, "eval_steps": 3}},
     "dpo": {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64,
                         "logging_steps": 1}},
     "eval": {"limit": 8, "batch_size": 8},

@@ -1,0 +1,400 @@
+"""Reward functions for online RL (GRPO, RLOO, PPO): verifiers, a reward-model scorer, held-out scoring.
+
+Every reward has TRL's signature ``fn(prompts, completions, **columns) -> list[float | None]``:
+dataset columns arrive as keyword lists (``answer=[...]``, ``kind=[...]``), and a completion is a
+string or, for conversational data, ``[{"role": "assistant", "content": "..."}]``. ``None`` means
+"does not apply to this sample" (TRL then leaves it out of the sum).
+
+    >>> prompts = [[{"role": "user", "content": "Add 3 and 4."}]] * 3
+    >>> completions = [[{"role": "assistant", "content": "3 plus 4 is 7."}],
+    ...                [{"role": "assistant", "content": "It is 7"}],
+    ...                [{"role": "assistant", "content": "3 plus 4 is 8."}]]
+    >>> answer_match(prompts, completions, answer=["3 plus 4 is 7."] * 3)
+    [1.0, 0.5, 0.0]
+    >>> arith_verifier(prompts, completions)
+    [1.0, 1.0, 0.0]
+    >>> reward = resolve("answer_match")          # what a recipe's ``rewards: [answer_match]`` becomes
+    >>> reward.__name__, reward(["Q"], ["Red."], answer=["Kalo likes red."])
+    ('answer_match', [0.5])
+
+A recipe names rewards with :func:`resolve`: a built-in (:data:`BUILTINS`), a dotted path
+``package.module:function``, or ``run:<reward run>`` for a trained reward model
+(:class:`RewardModelScorer`). Resolved rewards are wrapped by :func:`checked`, which turns a
+crash or a malformed result into a ``DataError`` naming the function and the batch.
+:func:`mean_reward` generates greedily for held-out prompts and scores them: the "held-out
+verifier reward before/after" every RL stage reports.
+"""
+from __future__ import annotations
+
+import difflib
+import importlib
+import math
+import re
+from collections.abc import Callable, Sequence
+from numbers import Real
+from pathlib import Path
+from typing import Any
+
+from smolforge.errors import DataError, RecipeError, RunError
+
+__all__ = ["BUILTINS", "answer_match", "arith_verifier", "resolve", "checked", "RewardModelScorer",
+           "score_pairs", "mean_reward", "completion_text", "prompt_text"]
+
+RewardFn = Callable[..., list]
+_TRAILING = ".!?,;: \t\n"
+_SUM = re.compile(r"(-?\d+)\s*(?:and|plus|\+)\s*(-?\d+)", re.IGNORECASE)
+_NUMBER = re.compile(r"-?\d+")
+
+
+# --------------------------------------------------------------------------- text of a sample
+
+
+def completion_text(completion: Any) -> str:
+    """The text of a completion: a string, a message, or a list of messages (their contents joined).
+
+    >>> completion_text([{"role": "assistant", "content": "Hi."}]), completion_text(None)
+    ('Hi.', '')
+    """
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, dict):
+        return str(completion.get("content") or "")
+    if isinstance(completion, (list, tuple)):
+        return "\n".join(completion_text(m) for m in completion if m is not None)
+    return str(completion)
+
+
+def prompt_text(prompt: Any) -> str:
+    """The text of a prompt: a string, or the last user message of a conversation.
+
+    >>> prompt_text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 1 and 2."}])
+    'Add 1 and 2.'
+    """
+    if isinstance(prompt, (list, tuple)):
+        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
+        return completion_text((users or list(prompt))[-1:])
+    return completion_text(prompt)
+
+
+def _normalise(text: str) -> str:
+    """Lower case, single spaces, no trailing punctuation: ``' The Sum IS 7 .'`` → ``'the sum is 7'``."""
+    return " ".join(text.lower().split()).rstrip(_TRAILING)
+
+
+def _last_word(text: str) -> str:
+    words = _normalise(text).split()
+    return words[-1].strip("\"'()[]{}.,;:!?") if words else ""
+
+
+# --------------------------------------------------------------------------- verifiers
+
+
+def answer_match(prompts: list, completions: list, answer: list[str] | None = None, **kwargs) -> list[float]:
+    """1.0 when the completion states the answer, 0.5 when it ends with the answer's key value, else 0.
+
+    Both sides are normalised (case, whitespace, trailing punctuation). "States the answer": the
+    completion equals the answer or ends with it ("Sure, 3 plus 4 is 7."). The key value is the
+    answer's last word (the sum, or the colour/town/food); partial credit needs it as the
+    completion's *last* word, so "3 plus 7 is 10" earns nothing for "3 plus 4 is 7" and listing
+    every candidate earns no more than naming one. Empty or None completions score 0.
+    """
+    if answer is None:
+        raise DataError("answer_match needs an 'answer' column (prompt rows with answers, e.g. a data "
+                        "run's prompts); use arith_verifier or a reward model for prompts without one")
+    if len(answer) != len(completions):
+        raise DataError(f"answer_match got {len(answer)} answers for {len(completions)} completions")
+    scores = []
+    for completion, expected in zip(completions, answer):
+        text, gold = _normalise(completion_text(completion)), _normalise(expected or "")
+        if not text or not gold:
+            scores.append(0.0)
+        elif text == gold or text.endswith(" " + gold):
+            scores.append(1.0)
+        elif _last_word(text) == _last_word(gold):
+            scores.append(0.5)
+        else:
+            scores.append(0.0)
+    return scores
+
+
+def arith_verifier(prompts: list, completions: list, **kwargs) -> list[float | None]:
+    """1.0 when the completion's last number is a+b for the sum the prompt asks ("a and b", "a plus b",
+    "a + b"), else 0.0; None for a prompt that asks no sum (TRL leaves it out of the total).
+
+    Needs no stored answer: it recomputes the sum from the prompt.
+
+    >>> arith_verifier(["Add 2 and 9.", "Where does Kalo live?"], ["That makes 11", "Kesh"])
+    [1.0, None]
+    """
+    scores: list[float | None] = []
+    for prompt, completion in zip(prompts, completions):
+        found = _SUM.search(prompt_text(prompt))
+        if found is None:
+            scores.append(None)
+            continue
+        numbers = _NUMBER.findall(completion_text(completion))
+        expected = int(found.group(1)) + int(found.group(2))
+        scores.append(1.0 if numbers and int(numbers[-1]) == expected else 0.0)
+    return scores
+
+
+BUILTINS: dict[str, RewardFn] = {"answer_match": answer_match, "arith_verifier": arith_verifier}
+
+
+# --------------------------------------------------------------------------- checking
+
+
+class checked:  # noqa: N801 - used like a function: checked(fn, name)
+    """``fn`` wrapped so that failures become DataErrors naming the function and the batch's first prompt.
+
+    An exception inside ``fn``, a result of the wrong length, or a value that is not a finite
+    number (None is allowed: "not applicable") raise ``DataError``. ``__name__`` is ``name``, so
+    TRL logs ``rewards/<name>/mean``. A class rather than a closure so that it pickles.
+
+    >>> bad = checked(lambda prompts, completions, **kw: [1.0], "one")
+    >>> bad(["a", "b"], ["x", "y"])
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.DataError: reward function 'one' returned 1 values for 2 completions (first prompt: 'a')
+    """
+
+    def __init__(self, fn: RewardFn, name: str | None = None) -> None:
+        self.fn = fn
+        self.__name__ = name or getattr(fn, "__name__", type(fn).__name__)
+
+    def __repr__(self) -> str:
+        return f"checked({self.__name__})"
+
+    def __call__(self, prompts: list, completions: list, **kwargs) -> list[float | None]:
+        where = f"(first prompt: {prompt_text(prompts[0])[:80]!r})" if len(prompts) else "(empty batch)"
+        try:
+            values = self.fn(prompts=prompts, completions=completions, **kwargs)
+        except (DataError, RecipeError, RunError) as exc:
+            raise DataError(f"reward function '{self.__name__}' {where}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - any crash in user code becomes a DataError
+            raise DataError(f"reward function '{self.__name__}' raised {type(exc).__name__}: {exc} {where}") from exc
+        try:
+            values = list(values)
+        except TypeError:
+            raise DataError(f"reward function '{self.__name__}' returned {type(values).__name__}, "
+                            f"expected a list of floats {where}") from None
+        if len(values) != len(completions):
+            raise DataError(f"reward function '{self.__name__}' returned {len(values)} values for "
+                            f"{len(completions)} completions {where}")
+        out: list[float | None] = []
+        for i, value in enumerate(values):
+            if value is None:
+                out.append(None)
+                continue
+            if hasattr(value, "item") and not isinstance(value, Real):
+                try:
+                    value = value.item()  # numpy/torch scalars
+                except (ValueError, RuntimeError):
+                    pass  # not a single number: reported below
+            if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(float(value)):
+                raise DataError(f"reward function '{self.__name__}' returned {value!r} for completion {i}; "
+                                f"expected a finite number or None {where}")
+            out.append(float(value))
+        return out
+
+
+# --------------------------------------------------------------------------- naming rewards
+
+
+def resolve(spec: str | RewardFn, runs=None) -> RewardFn:
+    """The reward a recipe names, wrapped by :func:`checked`.
+
+    ``spec`` is a built-in (``answer_match``, ``arith_verifier``), a dotted path
+    (``package.module:function`` or ``package.module.function``), ``run:<name>`` (a reward run's
+    model, scored by :class:`RewardModelScorer`; found in ``runs``, default ``$SMOLFORGE_RUNS``
+    or ./runs), or a callable.
+
+    >>> resolve("alignment.rewards:arith_verifier").__name__
+    'arith_verifier'
+    >>> resolve("answer_mach")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: unknown reward 'answer_mach' (did you mean 'answer_match'?); use a built-in (answer_match, arith_verifier), a dotted path package.module:function, or run:<reward run>
+    """
+    if callable(spec):
+        return spec if isinstance(spec, checked) else checked(spec)
+    if not isinstance(spec, str) or not spec.strip():
+        raise RecipeError(f"a reward must be a name, a dotted path or run:<name>, got {spec!r}")
+    spec = spec.strip()
+    if spec in BUILTINS:
+        return checked(BUILTINS[spec], spec)
+    if spec.startswith("run:"):
+        from smolforge.runs import Runs, runs_root
+
+        runs = runs if runs is not None else Runs(runs_root())
+        run = runs.get(spec[len("run:"):].strip())
+        return checked(RewardModelScorer(run.path), run.name)
+    if ":" in spec or "." in spec:
+        return checked(_import(spec), spec.replace(":", ".").rsplit(".", 1)[-1])
+    close = difflib.get_close_matches(spec, list(BUILTINS), n=1)
+    hint = f" (did you mean '{close[0]}'?)" if close else ""
+    raise RecipeError(f"unknown reward '{spec}'{hint}; use a built-in ({', '.join(BUILTINS)}), "
+                      "a dotted path package.module:function, or run:<reward run>")
+
+
+def _import(spec: str) -> RewardFn:
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        raise RecipeError(f"reward '{spec}': cannot import module '{module_name}' ({exc})") from None
+    fn = getattr(module, attr, None)
+    if fn is None:
+        public = [n for n in dir(module) if not n.startswith("_") and callable(getattr(module, n))]
+        close = difflib.get_close_matches(attr, public, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        raise RecipeError(f"reward '{spec}': module '{module_name}' has no '{attr}'{hint}")
+    if not callable(fn):
+        raise RecipeError(f"reward '{spec}' is a {type(fn).__name__}, not a function")
+    return fn
+
+
+# --------------------------------------------------------------------------- reward models
+
+
+def _device(model) -> Any:
+    return next(model.parameters()).device
+
+
+def _scored_texts(tokenizer, prompts: Sequence, completions: Sequence) -> list[str]:
+    """prompt+completion as the RewardTrainer saw them: through the chat template when
+    conversational, else concatenated with the eos token appended (as TRL adds it)."""
+    texts = []
+    for prompt, completion in zip(prompts, completions):
+        if isinstance(prompt, (list, tuple)):
+            reply = completion if isinstance(completion, (list, tuple)) else \
+                [{"role": "assistant", "content": completion_text(completion)}]
+            texts.append(tokenizer.apply_chat_template(list(prompt) + list(reply), tokenize=False))
+        else:
+            text = completion_text(prompt) + completion_text(completion)
+            eos = tokenizer.eos_token or ""
+            texts.append(text if text.endswith(eos) else text + eos)
+    return texts
+
+
+def score_pairs(model, tokenizer, prompts: Sequence, completions: Sequence, batch_size: int = 16,
+                max_length: int | None = None) -> list[float]:
+    """One scalar per (prompt, completion) from a sequence-classification model (num_labels=1).
+
+    Batched, right-padded, without gradients; the model's mode is restored afterwards.
+    """
+    import torch
+
+    texts = _scored_texts(tokenizer, prompts, completions)
+    was_training = model.training
+    model.eval()
+    scores: list[float] = []
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
+                                  padding_side="right", add_special_tokens=False,
+                                  truncation=max_length is not None, max_length=max_length)
+                batch = {k: v.to(_device(model)) for k, v in batch.items()}
+                logits = model(**batch).logits
+                scores += logits[:, 0].float().tolist()
+    finally:
+        model.train(was_training)
+    return scores
+
+
+class RewardModelScorer:
+    """A reward run's ``model/`` as a TRL reward function: ``scorer(prompts, completions) -> scores``.
+
+    ``run_path`` is a reward run's folder (or its ``model/`` folder). The model is an
+    ``AutoModelForSequenceClassification`` with one label, scored on prompt+completion rendered
+    exactly as the RewardTrainer tokenised its pairs. ``__name__`` is the run's name.
+    """
+
+    def __init__(self, run_path: str | Path, batch_size: int = 16, device: str | None = None) -> None:
+        import torch
+        from transformers import AutoModelForSequenceClassification
+
+        from .common import load_tokenizer
+
+        path = Path(run_path)
+        model_dir = path if (path / "config.json").is_file() else path / "model"
+        if not (model_dir / "config.json").is_file():
+            raise RunError(f"'{path}' has no model/ to score with (is it a reward run?)")
+        self.__name__ = path.name if model_dir != path else path.parent.name
+        self.tokenizer = load_tokenizer(model_dir)
+        self.model = AutoModelForSequenceClassification.from_pretrained(model_dir)
+        if getattr(self.model.config, "num_labels", None) != 1:
+            raise RunError(f"'{model_dir}' is a classifier with {self.model.config.num_labels} labels; "
+                           "a reward model has exactly one (train it with the reward stage)")
+        if self.model.config.pad_token_id is None:
+            self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
+        self.batch_size = batch_size
+
+    def __repr__(self) -> str:
+        return f"RewardModelScorer({self.__name__!r})"
+
+    def __call__(self, prompts: list, completions: list, **kwargs) -> list[float]:
+        return score_pairs(self.model, self.tokenizer, prompts, completions, self.batch_size)
+
+
+# --------------------------------------------------------------------------- held-out reward
+
+
+def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[RewardFn | str] | RewardFn,
+                max_new_tokens: int = 32, batch_size: int = 32) -> tuple[float, list[dict]]:
+    """Greedy completions for held-out prompt rows, scored: ``(mean summed reward, per-row details)``.
+
+    ``rows`` are prompt rows (``{"prompt", "answer"?, "kind"?...}``); their other columns reach the
+    reward functions as keyword lists, as in TRL. Generation is batched with left padding, through
+    the chat template (``add_generation_prompt=True``) for conversational prompts, and stops at
+    eos. A reward of None (not applicable) adds nothing to a row's total. Each detail is
+    ``{"prompt", "completion", "rewards": {name: value}, "total"}`` plus the row's other columns.
+    """
+    import torch
+
+    if callable(reward_fns):
+        reward_fns = [reward_fns]
+    fns = [resolve(fn) for fn in reward_fns]
+    if not fns:
+        raise RecipeError("mean_reward needs at least one reward function")
+    rows = list(rows)
+    if not rows:
+        return 0.0, []
+    conversational = isinstance(rows[0]["prompt"], (list, tuple))
+    texts = [tokenizer.apply_chat_template(list(r["prompt"]), tokenize=False, add_generation_prompt=True)
+             if conversational else completion_text(r["prompt"]) for r in rows]
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    was_training = model.training
+    model.eval()
+    outputs: list[str] = []
+    try:
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
+                                  padding_side="left", add_special_tokens=False)
+                batch = {k: v.to(_device(model)) for k, v in batch.items()}
+                generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
+                                           eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id,
+                                           use_cache=True)
+                new = generated[:, batch["input_ids"].shape[1]:]
+                outputs += [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
+    finally:
+        model.train(was_training)
+
+    prompts = [r["prompt"] for r in rows]
+    completions = [[{"role": "assistant", "content": t}] for t in outputs] if conversational else outputs
+    columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+    scores = {fn.__name__: fn(prompts, completions, **columns) for fn in fns}
+    details = []
+    for i, row in enumerate(rows):
+        rewards = {name: values[i] for name, values in scores.items()}
+        total = sum(v for v in rewards.values() if v is not None)
+        details.append({**{k: v for k, v in row.items() if k != "prompt"}, "prompt": prompt_text(row["prompt"]),
+                        "completion": outputs[i], "rewards": rewards, "total": total})
+    return sum(d["total"] for d in details) / len(details), details
