@@ -74,13 +74,13 @@ def load_prompts(recipe, runs: Runs):
     return paths, data_run, train, heldout
 
 
-def reward_functions(names: list) -> list[Callable]:
+def reward_functions(names: list, runs: Runs) -> list[Callable]:
     """The recipe's rewards as checked callables (errors name the function)."""
-    from .rewards import checked, resolve
+    from .rewards import resolve
 
     if not names:
         raise RecipeError("rewards: name at least one reward function (e.g. [answer_match]) or run:<reward run>")
-    return [checked(resolve(name), str(name)) for name in names]
+    return [resolve(name, runs) for name in names]
 
 
 def validate_online(recipe, runs: Runs) -> None:
@@ -92,7 +92,7 @@ def validate_online(recipe, runs: Runs) -> None:
     if len(train) < recipe.trainer.num_generations:
         raise RecipeError(f"only {len(train)} training prompts; need at least trainer.num_generations "
                           f"({recipe.trainer.num_generations})")
-    reward_functions(recipe.rewards)
+    reward_functions(recipe.rewards, runs)
 
 
 def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
@@ -110,7 +110,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
 
     parent = model_parent(runs, recipe.parent)
     paths, data_run, train, heldout = load_prompts(recipe, runs)
-    rewards = reward_functions(recipe.rewards)
+    rewards = reward_functions(recipe.rewards, runs)
     parents = [parent] + ([data_run] if data_run else [])
     with runs.start(stage, recipe.name, to_dict(recipe), parents=parents,
                     data_fingerprints=lineage_fingerprints(parents, {"prompts": paths}), overwrite=overwrite) as run:

@@ -35,13 +35,17 @@ TINY = {
     "dpo": {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64,
                         "logging_steps": 1}},
     "eval": {"limit": 8, "batch_size": 8},
+    "grpo": {"eval_max_new_tokens": 8,
+             "trainer": {"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4,
+                         "max_completion_length": 8, "logging_steps": 1}},
 }
+TINY["rloo"] = TINY["grpo"]
 
 
 def tiny_recipe(stage: str, **changes):
     """The demo recipe of ``stage`` shrunk by TINY, with ``changes`` laid on top."""
     _, data = load_recipe(DEMO / f"{stage}.yaml")
-    data = deep_merge(deep_merge(data, TINY[stage]), changes)
+    data = deep_merge(deep_merge(data, TINY.get(stage, {})), changes)
     return build_stage_recipe(load_stage(stage), data, source=f"{stage} (test)")
 
 

@@ -1,0 +1,155 @@
+"""DPO's loss variants, reference handling and LoRA, the ORPO stage, and the bad input they refuse."""
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import pytest
+import torch
+
+from conftest import DEMO, run_stage, tiny_recipe
+from smolforge.errors import DataError, RecipeError
+from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe
+from smolforge.registry import load_stage
+
+# The ORPO demo recipe shrunk like conftest's TINY shrinks the DPO one.
+TINY_ORPO = {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64, "logging_steps": 1}}
+
+
+def logged(run, key):
+    lines = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    return [m[key] for m in lines if key in m]
+
+
+def plain_model(run):
+    from transformers import AutoModelForCausalLM
+
+    files = {p.name for p in run.model_dir.iterdir()}
+    assert "model.safetensors" in files and not any(f.startswith("adapter_") for f in files)
+    return AutoModelForCausalLM.from_pretrained(run.model_dir)
+
+
+def differs(model, other) -> bool:
+    a, b = model.state_dict(), other.state_dict()
+    assert a.keys() == b.keys()  # same plain architecture: no lora_A/lora_B left behind
+    return any(not torch.equal(a[k], b[k]) for k in a)
+
+
+def test_sigmoid_plus_sft_loss_adds_the_chosen_nll_and_raises_the_margin(dpo_run):
+    assert dpo_run.info["recipe"]["trainer"]["loss_type"] == ["sigmoid", "sft"]
+    losses, margins = logged(dpo_run, "loss"), logged(dpo_run, "rewards/margins")
+    # step 1: policy == reference, so the sigmoid term is exactly ln 2 and the rest is the chosen NLL
+    assert losses[0] > math.log(2) + 0.05
+    assert margins[-1] > margins[0]
+
+
+def test_ipo_loss_reaches_trl(runs, sft_run):
+    run = run_stage("dpo", runs, name="dpo-ipo", trainer={"loss_type": "ipo", "loss_weights": None, "beta": 0.25})
+    assert run.info["recipe"]["trainer"]["loss_type"] == ["ipo"]
+    # IPO at step 1 (zero log-ratios): (0 - 1 / (2 beta))^2
+    assert logged(run, "loss")[0] == pytest.approx((1 / (2 * 0.25)) ** 2, rel=1e-3)
+    assert "train/margins" in run.metrics and len(logged(run, "rewards/margins")) == 6
+
+
+def test_precomputed_reference_log_probs_load_no_reference_model(runs, sft_run, monkeypatch):
+    from transformers import AutoModelForCausalLM
+
+    loads, original = [], AutoModelForCausalLM.from_pretrained
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
+                        lambda path, *a, **k: (loads.append(str(path)), original(path, *a, **k))[1])
+    run = run_stage("dpo", runs, name="dpo-precomputed",
+                    trainer={"precompute_ref_log_probs": True, "loss_type": "sigmoid", "loss_weights": None})
+    assert loads == [str(sft_run.model_dir)]  # the policy only; TRL precomputes with it before step 1
+    assert logged(run, "loss")[0] == pytest.approx(math.log(2), abs=1e-3)  # reference == untrained policy
+    assert run.info["status"] == "done"
+
+
+def test_explicit_reference_run_is_the_one_compared_against(runs, sft_run, pretrain_run):
+    run = run_stage("dpo", runs, name="dpo-ref-pretrain", reference=f"run:{pretrain_run.name}")
+    assert run.info["recipe"]["reference"] == f"run:{pretrain_run.name}"
+    chosen = logged(run, "rewards/chosen")
+    assert abs(chosen[0]) > 1e-3  # step 1 already differs: the reference is not the policy's parent
+
+
+def test_lora_dpo_saves_a_merged_plain_model(runs, sft_run):
+    from transformers import AutoModelForCausalLM
+
+    run = run_stage("dpo", runs, name="dpo-lora", reference="none", lora={"r": 8, "alpha": 16},
+                    trainer={"learning_rate": 1e-3})
+    assert run.info["recipe"]["lora"]["r"] == 8
+    assert logged(run, "loss")[0] > math.log(2)  # the implicit reference (adapter off) equals the policy at step 1
+    model = plain_model(run)
+    assert type(model).__name__ == "SmolLM3ForCausalLM"
+    assert differs(model, AutoModelForCausalLM.from_pretrained(sft_run.model_dir))
+
+
+def test_reference_none_without_lora_is_refused(runs, sft_run):
+    recipe = tiny_recipe("dpo", reference="none")
+    with pytest.raises(RecipeError, match="reference: none needs lora:"):
+        load_stage("dpo").validate(recipe, runs)
+
+
+def test_misspelled_reference_suggests_parent(runs, sft_run):
+    with pytest.raises(RecipeError, match="did you mean 'parent'"):
+        load_stage("dpo").validate(tiny_recipe("dpo", reference="parnet"), runs)
+
+
+def test_unknown_loss_type_names_the_closest_trl_loss(runs, sft_run):
+    recipe = tiny_recipe("dpo", trainer={"loss_type": ["sigmoid", "sfft"], "loss_weights": [1.0, 1.0]})
+    with pytest.raises(RecipeError, match=r"unknown DPO loss 'sfft' \(did you mean 'sft'\?\)"):
+        load_stage("dpo").validate(recipe, runs)
+
+
+def test_robust_loss_needs_a_flip_probability_below_one_half(runs, sft_run):
+    recipe = tiny_recipe("dpo", trainer={"loss_type": "robust", "loss_weights": None, "label_smoothing": 0.6})
+    with pytest.raises(RecipeError, match=r"label_smoothing must be in \[0, 0.5\)"):
+        load_stage("dpo").validate(recipe, runs)
+
+
+def test_beta_zero_is_refused(runs, sft_run):
+    with pytest.raises(RecipeError, match="trainer.beta must be > 0, got 0"):
+        load_stage("dpo").validate(tiny_recipe("dpo", trainer={"beta": 0}), runs)
+
+
+def test_beta_outside_the_playbook_range_warns(runs, sft_run, caplog):
+    with caplog.at_level(logging.WARNING, logger="alignment.dpo"):
+        load_stage("dpo").validate(tiny_recipe("dpo", trainer={"beta": 0.5}), runs)
+    assert "trainer.beta=0.5 is outside the playbook's 0.1-0.3 range" in caplog.text
+
+
+def test_empty_answer_in_a_conversational_pair_names_file_and_line(tmp_path, runs, sft_run):
+    def pair(chosen, rejected):
+        return json.dumps({"prompt": [{"role": "user", "content": "What is 2 plus 2?"}],
+                           "chosen": [{"role": "assistant", "content": chosen}],
+                           "rejected": [{"role": "assistant", "content": rejected}]})
+
+    prefs = tmp_path / "prefs.jsonl"
+    prefs.write_text(pair("4.", "5.") + "\n" + pair("4.", "  ") + "\n")
+    for stage in ("dpo", "orpo"):
+        recipe = orpo_recipe(data=str(prefs)) if stage == "orpo" else tiny_recipe("dpo", data=str(prefs))
+        with pytest.raises(DataError, match=rf"{prefs} line 2: field 'rejected\[0\].content' is empty"):
+            load_stage(stage).validate(recipe, runs)
+
+
+def orpo_recipe(**changes):
+    _, data = load_recipe(DEMO / "orpo.yaml")
+    return build_stage_recipe(load_stage("orpo"), deep_merge(deep_merge(data, TINY_ORPO), changes), "orpo (test)")
+
+
+def test_orpo_trains_without_a_reference_and_writes_a_plain_model(runs, sft_run, data_run):
+    from transformers import AutoModelForCausalLM
+
+    stage = load_stage("orpo")
+    recipe = orpo_recipe(parent=sft_run.name, data=data_run.name)
+    stage.validate(recipe, runs)
+    run = stage.run(recipe, runs, overwrite=True)
+    assert run.info["stage"] == "orpo" and run.info["parents"] == [sft_run.name, data_run.name]
+    assert len(logged(run, "log_odds_ratio")) == 6
+    assert {"train/accuracies", "train/margins", "train/nll_loss", "train/log_odds_ratio"} <= set(run.metrics)
+    assert differs(plain_model(run), AutoModelForCausalLM.from_pretrained(sft_run.model_dir))
+
+
+def test_orpo_beta_zero_is_refused(runs, sft_run):
+    with pytest.raises(RecipeError, match="trainer.beta must be > 0"):
+        load_stage("orpo").validate(orpo_recipe(trainer={"beta": 0.0}), runs)
