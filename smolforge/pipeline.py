@@ -291,8 +291,12 @@ def run_pipeline(
 # --------------------------------------------------------------------------- summary
 
 
+# Training summaries stay in run.json; the table shows eval scores and RL's held-out reward.
+_NOT_SCORES = ("train/", "eval/", "data/", "sft/", "reward/", "ppo/", "rl/heldout_prompts", "rl/train_prompts")
+
+
 def _is_score(key: str) -> bool:
-    if "/" not in key or key.startswith(("train/", "eval/", "data/")):
+    if "/" not in key or key.startswith(_NOT_SCORES):
         return False
     return not key.endswith(("/random", "/stderr", "_stderr"))
 
