@@ -90,7 +90,8 @@ def train_summary(trainer, result) -> dict:
 
 
 # What each TRL stage reads: the data kind (file name in a data run) and the row schema.
-STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference")}
+STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference"), "orpo": ("prefs", "preference"),
+              "reward": ("prefs", "preference")}
 
 
 def validate_inputs(stage: str, recipe, runs: Runs) -> None:

@@ -7,8 +7,9 @@
 
 Reads a parent run (an SFT model) and preference pairs (a data run's ``data/prefs.jsonl`` or a
 JSONL file of ``{"prompt","chosen","rejected"}`` rows, plain or conversational). Writes a run
-whose ``model/`` is a plain HF model (a LoRA adapter is merged into it), with the final preference
-accuracy and reward margin of the training pairs. ``trainer:`` takes any ``trl.DPOConfig`` field:
+whose ``model/`` is a plain HF model (a LoRA adapter is merged into it and kept in ``adapter/``),
+with the final preference accuracy and reward margin of the training pairs. ``trainer:`` takes any
+``trl.DPOConfig`` field:
 ``beta``, ``loss_type`` (one name or a list combined with ``loss_weights``, e.g. ``[sigmoid, sft]``),
 ``label_smoothing`` (robust, exo_pair), ``precompute_ref_log_probs``...
 
@@ -65,10 +66,11 @@ def defaults() -> dict:
 
 @dataclass
 class LoraSpec:
-    r: int = 16                                        # adapter rank
-    alpha: int = 32                                    # lora_alpha: the update is scaled by alpha / r
-    dropout: float = 0.0                               # adapter dropout (TRL's disable_dropout zeroes it anyway)
-    target_modules: list[str] | str = "all-linear"     # module names, or PEFT's "all-linear" (every linear but lm_head)
+    r: int = 16                       # adapter rank
+    alpha: int = 32                   # scaling numerator (scale = alpha / r)
+    dropout: float = 0.0              # adapter dropout (TRL's disable_dropout, on by default, zeroes it anyway)
+    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                          "gate_proj", "up_proj", "down_proj"])  # modules to adapt
 
 
 @dataclass
@@ -192,6 +194,8 @@ def validate_preferences(stage: str, recipe, runs: Runs) -> None:
 def validate(recipe: Recipe, runs: Runs) -> None:
     check_beta(recipe.trainer.beta)
     check_loss_types(recipe.trainer)
+    if recipe.lora is not None and (recipe.lora.r < 1 or recipe.lora.alpha <= 0 or not recipe.lora.target_modules):
+        raise RecipeError("lora: r must be >= 1, alpha > 0 and target_modules non-empty")
     if recipe.lora is not None and recipe.trainer.sync_ref_model:
         raise RecipeError("trainer.sync_ref_model does not work with lora: (TRL has no reference copy to sync)")
     if recipe.trainer.sync_ref_model and recipe.trainer.precompute_ref_log_probs:
@@ -207,22 +211,13 @@ def lora_config(spec: LoraSpec):
     from peft import LoraConfig
 
     return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                      target_modules=spec.target_modules, task_type="CAUSAL_LM")
+                      target_modules=list(spec.target_modules), task_type="CAUSAL_LM")
 
 
-def merging(trainer_cls):
-    """``trainer_cls`` whose ``train()`` ends by merging a LoRA adapter, so ``trainer.model`` is plain."""
-    from accelerate.utils import is_peft_model
-
-    class MergingTrainer(trainer_cls):
-        def train(self, *args, **kwargs):
-            result = super().train(*args, **kwargs)
-            if is_peft_model(self.model):
-                self.model = self.model.merge_and_unload()
-            return result
-
-    MergingTrainer.__name__ = trainer_cls.__name__
-    return MergingTrainer
+def export_merged(trainer, run: Run):
+    """Keep the adapter in ``adapter/`` and return the base model with the adapter merged in."""
+    trainer.model.save_pretrained(run.path / "adapter", safe_serialization=True)
+    return trainer.model.merge_and_unload()
 
 
 def final_metrics(trainer, keys=("rewards/accuracies", "rewards/margins")) -> dict:
@@ -244,7 +239,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         # With precomputed log-probs and the parent as reference, TRL runs the policy itself (still
         # untrained) over the data before step 1, so no second copy is loaded at all.
         load_reference = reference is not None and not (precompute and reference.resolve() == model_dir.resolve())
-        trainer = merging(DPOTrainer)(
+        trainer = DPOTrainer(
             model=AutoModelForCausalLM.from_pretrained(model_dir),
             ref_model=AutoModelForCausalLM.from_pretrained(reference) if load_reference else None,
             args=recipe.trainer, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
@@ -253,4 +248,5 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
             trainer.ref_model = None  # its log-probs are dataset columns now; TRL would keep it in memory
         return trainer
 
-    return train_from_parent("dpo", recipe, runs, make_trainer, overwrite=overwrite, summarize=final_metrics)
+    return train_from_parent("dpo", recipe, runs, make_trainer, overwrite=overwrite, summarize=final_metrics,
+                             export=export_merged if recipe.lora is not None else None)

@@ -26,15 +26,12 @@ from trl.import_utils import TRLExperimentalWarning
 
 from smolforge.runs import Run, Runs
 
-from .common import STAGE_DATA, train_from_parent, trainer_defaults
+from .common import train_from_parent, trainer_defaults
 from .dpo import check_beta_positive, final_metrics, validate_preferences
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", TRLExperimentalWarning)  # chosen knowingly; see the docstring
     from trl.experimental.orpo import ORPOConfig
-
-# ORPO reads what DPO reads (a data run's prefs, preference rows).
-STAGE_DATA.setdefault("orpo", STAGE_DATA["dpo"])
 
 
 def defaults() -> dict:

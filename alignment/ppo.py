@@ -49,7 +49,9 @@ Choices:
 - *Dropout* is switched off in all three models (rollout and update log-probs must agree).
 - What is not here: a reward model's own score whitening, LR annealing, multiple generations per
   prompt, in-process vLLM generation (see :mod:`alignment.generation`). Saving under ZeRO-3
-  gathers the policy's parameters first.
+  gathers the policy's parameters first. A DeepSpeed config must state
+  ``train_micro_batch_size_per_gpu`` (= ``ppo.mini_batch_size``): there is no dataloader for
+  accelerate to infer it from.
 """
 from __future__ import annotations
 
@@ -118,7 +120,7 @@ def _check_numbers(recipe: Recipe) -> None:
         need(getattr(spec, key) >= 1, f"ppo.{key} must be >= 1, got {getattr(spec, key)}")
     need(spec.batch_size % spec.mini_batch_size == 0,
          f"ppo.mini_batch_size ({spec.mini_batch_size}) must divide ppo.batch_size ({spec.batch_size}); "
-         f"e.g. ppo.mini_batch_size={math.gcd(spec.batch_size, spec.mini_batch_size)}")
+         f"e.g. ppo.mini_batch_size={max(d for d in range(1, min(spec.mini_batch_size, spec.batch_size) + 1) if spec.batch_size % d == 0)}")
     need(spec.learning_rate > 0, f"ppo.learning_rate must be > 0, got {spec.learning_rate}")
     need(spec.value_learning_rate is None or spec.value_learning_rate > 0,
          f"ppo.value_learning_rate must be > 0 (or null), got {spec.value_learning_rate}")

@@ -34,6 +34,11 @@ STAGE_EXAMPLES = {
     "pretrain": "smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine",
     "sft": "smolforge sft --config recipes/demo/sft.yaml --set trainer.max_steps=20",
     "dpo": "smolforge dpo --config recipes/demo/dpo.yaml --set trainer.beta=0.2",
+    "orpo": "smolforge orpo --config recipes/demo/orpo.yaml --set trainer.beta=0.1",
+    "reward": "smolforge reward --config recipes/demo/reward.yaml",
+    "grpo": "smolforge grpo --config recipes/demo/grpo.yaml --set trainer.max_steps=20",
+    "rloo": "smolforge rloo --config recipes/demo/rloo.yaml --set rewards=[arith_verifier]",
+    "ppo": "smolforge ppo --config recipes/demo/ppo.yaml --set ppo.steps=10",
     "eval": "smolforge eval --config recipes/demo/eval.yaml --set run=sft-demo",
 }
 

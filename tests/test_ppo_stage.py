@@ -1,0 +1,176 @@
+"""The ppo stage (alignment/ppo.py) and its generation backend on the tiny session chain."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from smolforge.errors import DataError, RecipeError, SmolforgeError
+from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe
+from smolforge.registry import load_stage
+
+from conftest import DEMO
+
+# A few seconds of PPO on the tiny world: short completions, small batches.
+TINY_PPO = {"ppo": {"steps": 2, "batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 2, "max_new_tokens": 8,
+                    "learning_rate": 1e-3},
+            "eval_max_new_tokens": 8}
+
+
+def word_overlap(prompts, completions, answer, **kwargs):
+    """Test verifier with partial credit: the share of the answer's words the completion contains.
+
+    Dense on purpose: the tiny SFT model rarely gets an answer right, and PPO needs differing
+    scores within a batch to have anything to learn from.
+    """
+    scores = []
+    for completion, gold in zip(completions, answer):
+        words = set(completion[0]["content"].lower().replace(".", "").split())
+        gold_words = gold.lower().replace(".", "").split()
+        scores.append(sum(w in words for w in gold_words) / len(gold_words))
+    return scores
+
+
+def one_value(prompts, completions, **kwargs):
+    return [1.0]
+
+
+def ppo_recipe(**changes):
+    _, data = load_recipe(DEMO / "ppo.yaml")
+    data = deep_merge(deep_merge(data, TINY_PPO), {"rewards": [word_overlap]})
+    return build_stage_recipe(load_stage("ppo"), deep_merge(data, changes), source="ppo (test)")
+
+
+@pytest.fixture(scope="module")
+def ppo_run(runs, sft_run, data_run):
+    module = load_stage("ppo")
+    recipe = ppo_recipe(name="ppo-test")
+    module.validate(recipe, runs)
+    return module.run(recipe, runs, overwrite=True)
+
+
+def test_ppo_stage_trains_logs_and_writes_a_loadable_model(ppo_run, sft_run):
+    from transformers import AutoModelForCausalLM
+
+    from alignment.common import load_tokenizer
+
+    assert ppo_run.status == "done" and ppo_run.stage == "ppo"
+    lines = [json.loads(line) for line in ppo_run.metrics_path.read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2]
+    for key in ("reward", "kl", "kl_coef", "clipfrac", "policy_loss", "value_loss", "entropy", "approx_kl",
+                "rewards/word_overlap"):
+        assert all(key in line for line in lines), key
+    metrics = ppo_run.metrics
+    for key in ("rl/heldout_reward_before", "rl/heldout_reward_after"):
+        assert 0.0 <= metrics[key] <= 1.0
+    assert metrics["train/steps"] == 2 and metrics["rl/heldout_prompts"] >= 1
+    assert (ppo_run.path / "rl" / "heldout.jsonl").is_file()
+    assert ppo_run.info["parents"] == [sft_run.name, "data-demo"]
+
+    policy = AutoModelForCausalLM.from_pretrained(ppo_run.model_dir)
+    parent = AutoModelForCausalLM.from_pretrained(sft_run.model_dir)
+    moved = [name for name, p in policy.state_dict().items() if not torch.equal(p, parent.state_dict()[name])]
+    assert moved, "the policy saved in model/ is still the parent"
+    tokenizer = load_tokenizer(ppo_run.model_dir)
+    ids = tokenizer("Add 1 and 2.", return_tensors="pt").input_ids
+    assert policy.generate(ids, max_new_tokens=3, do_sample=False).shape[1] > ids.shape[1]
+
+
+def test_reference_stays_frozen_while_the_policy_moves(runs, sft_run, data_run):
+    from alignment import ppo, ppo_math
+
+    recipe = ppo_recipe()
+    spec = recipe.ppo
+    models = ppo.build_models(sft_run.model_dir, spec)
+    _, _, train, _ = ppo.load_prompts(recipe, runs)
+    ref_before = {k: v.clone() for k, v in models.ref.state_dict().items()}
+    policy_before = {k: v.clone() for k, v in models.policy.state_dict().items()}
+    metrics = ppo.ppo_step(models, spec, train[:spec.batch_size], [word_overlap], ppo_math.KLController(spec.kl_coef))
+    assert all(torch.equal(v, ref_before[k]) for k, v in models.ref.state_dict().items())
+    assert not any(p.requires_grad for p in models.ref.parameters())
+    assert any(not torch.equal(v, policy_before[k]) for k, v in models.policy.state_dict().items())
+    assert metrics["kl"] == pytest.approx(0.0, abs=1e-5)  # the first rollout is the reference's own policy
+    assert 0.0 <= metrics["clipfrac"] <= 1.0
+
+
+def test_batched_logprobs_match_one_sequence_at_a_time(sft_run):
+    """Left-padded prompts + right-padded completions give each token the log-prob it has alone."""
+    from transformers import AutoModelForCausalLM
+
+    from alignment import ppo
+
+    model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
+    queries, completions = [[1, 40, 41, 42, 43, 44], [1, 50]], [[60, 61, 2], [62, 63, 64, 65, 2]]
+    rollout = ppo.make_rollout(queries, completions, pad_id=3, device="cpu")
+    with torch.no_grad():
+        logits = model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
+                       position_ids=rollout.position_ids).logits[:, -rollout.response_length - 1:-1]
+        batched = ppo._logprobs(logits, rollout.response_ids, temperature=1.0)
+        for i, (query, completion) in enumerate(zip(queries, completions)):
+            alone = model(input_ids=torch.tensor([query + completion])).logits[0, len(query) - 1:-1]
+            expected = torch.log_softmax(alone, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+            assert torch.allclose(batched[i, :len(completion)], expected, atol=1e-4)
+            assert rollout.response_mask[i].sum() == len(completion)
+
+
+def test_mini_batch_size_must_divide_batch_size(runs, sft_run, data_run):
+    recipe = ppo_recipe(ppo={"batch_size": 8, "mini_batch_size": 3})
+    with pytest.raises(RecipeError, match=r"ppo.mini_batch_size \(3\) must divide ppo.batch_size \(8\)"):
+        load_stage("ppo").validate(recipe, runs)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"ppo": {"kl_coef": -0.1}}, "ppo.kl_coef must be >= 0"),
+    ({"ppo": {"cliprange": 0}}, "ppo.cliprange must be > 0"),
+    ({"ppo": {"kl_estimator": "k2"}}, "kl_estimator must be k1 or k3"),
+    ({"rewards": []}, "name at least one reward"),
+    ({"reward_weights": [1.0, 2.0]}, "one weight per reward"),
+    ({"rewards": ["answer_mach"]}, "did you mean 'answer_match'"),
+    ({"parent": "no-such-run"}, "no-such-run"),
+])
+def test_bad_recipes_fail_before_any_work(runs, sft_run, data_run, changes, message):
+    recipe = ppo_recipe(**changes)
+    with pytest.raises(SmolforgeError, match=message):
+        load_stage("ppo").validate(recipe, runs)
+    assert not (runs.root / recipe.name).exists()
+
+
+def test_reward_returning_the_wrong_length_is_named(runs, sft_run, data_run):
+    from alignment import ppo
+
+    recipe = ppo_recipe(rewards=[one_value])
+    with pytest.raises(DataError, match="reward function 'one_value' returned 1 values for 2 completions"):
+        ppo.validate(recipe, runs)
+    # an unchecked callable handed to the scoring step directly gets the same diagnosis
+    rows = [{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": "y"}]
+    with pytest.raises(RecipeError, match="'one_value' returned 1 values for 2 completions"):
+        ppo.score_completions([one_value], None, rows, ["x", "y"], [[], []])
+
+
+def test_generation_stops_at_eos_and_returns_the_token_ids(sft_run):
+    from transformers import AutoModelForCausalLM
+
+    from alignment.common import load_tokenizer
+    from alignment.generation import generate, pick_backend
+
+    assert pick_backend() == ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")
+    model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir)
+    tokenizer = load_tokenizer(sft_run.model_dir)
+    prompts = [[{"role": "user", "content": "Add 1 and 2."}], [{"role": "user", "content": "What is 3 plus 4?"}]]
+    torch.manual_seed(0)
+    outputs = generate(model, tokenizer, prompts, max_new_tokens=6, temperature=1.0, do_sample=True,
+                       num_return_sequences=2)
+    assert len(outputs) == 4
+    for text, ids in outputs:
+        assert 1 <= len(ids) <= 6
+        assert tokenizer.eos_token_id not in ids[:-1]                # nothing after the first eos
+        assert text == tokenizer.decode(ids, skip_special_tokens=True)
+    greedy = generate(model, tokenizer, prompts, max_new_tokens=6, do_sample=False)
+    assert greedy == generate(model, tokenizer, prompts, max_new_tokens=6, do_sample=False, batch_size=1)
+
+
+def _has_vllm() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
