@@ -7,12 +7,41 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from smolforge.errors import RunError
+from smolforge.errors import RecipeError, RunError
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
+
+
+@dataclass
+class LoraSpec:
+    r: int = 16                       # adapter rank
+    alpha: int = 32                   # scaling numerator (scale = alpha / r)
+    dropout: float = 0.05             # adapter dropout (DPO's disable_dropout, on by default, zeroes it)
+    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                          "gate_proj", "up_proj", "down_proj"])  # modules to adapt
+
+
+def check_lora(spec: LoraSpec | None) -> None:
+    if spec is not None and (spec.r < 1 or spec.alpha <= 0 or not spec.target_modules):
+        raise RecipeError("lora: r must be >= 1, alpha > 0 and target_modules non-empty")
+
+
+def lora_config(spec: LoraSpec):
+    """PEFT's LoraConfig for a causal LM from the recipe's ``lora:``."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
+                      target_modules=list(spec.target_modules), task_type="CAUSAL_LM")
+
+
+def export_merged(trainer, run: Run):
+    """Keep the adapter in ``adapter/`` and return the base model with the adapter merged in."""
+    trainer.model.save_pretrained(run.path / "adapter", safe_serialization=True)
+    return trainer.model.merge_and_unload()
 
 
 def cuda_available() -> bool:

@@ -49,7 +49,8 @@ from trl import DPOConfig
 from smolforge.errors import DataError, RecipeError
 from smolforge.runs import Run, Runs
 
-from .common import model_parent, train_from_parent, trainer_defaults, validate_inputs
+from .common import (LoraSpec, check_lora, export_merged, lora_config, model_parent, train_from_parent,
+                     trainer_defaults, validate_inputs)
 
 log = logging.getLogger(__name__)
 
@@ -62,15 +63,6 @@ def defaults() -> dict:
     """Recipe values applied beneath the YAML (the playbook: LR about 1e-5, beta 0.1-0.3)."""
     return {"trainer": trainer_defaults(max_steps=150, per_device_train_batch_size=16, learning_rate=1e-5,
                                         lr_scheduler_type="cosine", warmup_steps=5, beta=0.1, max_length=128)}
-
-
-@dataclass
-class LoraSpec:
-    r: int = 16                       # adapter rank
-    alpha: int = 32                   # scaling numerator (scale = alpha / r)
-    dropout: float = 0.0              # adapter dropout (TRL's disable_dropout, on by default, zeroes it anyway)
-    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                          "gate_proj", "up_proj", "down_proj"])  # modules to adapt
 
 
 @dataclass
@@ -194,8 +186,7 @@ def validate_preferences(stage: str, recipe, runs: Runs) -> None:
 def validate(recipe: Recipe, runs: Runs) -> None:
     check_beta(recipe.trainer.beta)
     check_loss_types(recipe.trainer)
-    if recipe.lora is not None and (recipe.lora.r < 1 or recipe.lora.alpha <= 0 or not recipe.lora.target_modules):
-        raise RecipeError("lora: r must be >= 1, alpha > 0 and target_modules non-empty")
+    check_lora(recipe.lora)
     if recipe.lora is not None and recipe.trainer.sync_ref_model:
         raise RecipeError("trainer.sync_ref_model does not work with lora: (TRL has no reference copy to sync)")
     if recipe.trainer.sync_ref_model and recipe.trainer.precompute_ref_log_probs:
@@ -205,19 +196,6 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     if reference is not None:
         _check_same_vocab(reference, model_parent(runs, recipe.parent).model_dir)
     validate_preferences("dpo", recipe, runs)
-
-
-def lora_config(spec: LoraSpec):
-    from peft import LoraConfig
-
-    return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                      target_modules=list(spec.target_modules), task_type="CAUSAL_LM")
-
-
-def export_merged(trainer, run: Run):
-    """Keep the adapter in ``adapter/`` and return the base model with the adapter merged in."""
-    trainer.model.save_pretrained(run.path / "adapter", safe_serialization=True)
-    return trainer.model.merge_and_unload()
 
 
 def final_metrics(trainer, keys=("rewards/accuracies", "rewards/margins")) -> dict:

@@ -30,7 +30,8 @@ from trl import SFTConfig
 from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Run, Runs
 
-from .common import train_from_parent, trainer_defaults, validate_inputs
+from .common import (LoraSpec, check_lora, export_merged, lora_config, train_from_parent, trainer_defaults,
+                     validate_inputs)
 
 log = logging.getLogger(__name__)
 TRL_DEFAULT_LR = SFTConfig.__dataclass_fields__["learning_rate"].default
@@ -50,15 +51,6 @@ def defaults() -> dict:
                                         lr_scheduler_type="cosine", warmup_steps=10, weight_decay=0.0,
                                         packing=cuda_available(), assistant_only_loss=True, max_length=256,
                                         eval_steps=50, per_device_eval_batch_size=64)}
-
-
-@dataclass
-class LoraSpec:
-    r: int = 16                       # adapter rank
-    alpha: int = 32                   # scaling numerator (scale = alpha / r)
-    dropout: float = 0.05             # dropout on the adapter input
-    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                          "gate_proj", "up_proj", "down_proj"])  # modules to adapt
 
 
 @dataclass
@@ -130,15 +122,8 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         raise RecipeError("early_stopping_patience needs a held-out split: set eval_fraction > 0 (or patience 0)")
     if not 0 < recipe.lr_vs_pretrain <= 1:
         raise RecipeError(f"lr_vs_pretrain must be in (0, 1], got {recipe.lr_vs_pretrain}")
-    if recipe.lora is not None and (recipe.lora.r < 1 or recipe.lora.alpha <= 0 or not recipe.lora.target_modules):
-        raise RecipeError("lora: r must be >= 1, alpha > 0 and target_modules non-empty")
+    check_lora(recipe.lora)
     validate_inputs("sft", recipe, runs)
-
-
-def _export_merged(trainer, run: Run):
-    """Keep the adapter in ``adapter/`` and return the base model with the adapter merged in."""
-    trainer.model.save_pretrained(run.path / "adapter", safe_serialization=True)
-    return trainer.model.merge_and_unload()
 
 
 def _summary(trainer) -> dict:
@@ -160,12 +145,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
 
     resolve_learning_rate(recipe, runs)
     recipe.trainer = _with_early_stopping(recipe)
-    peft_config = None
-    if recipe.lora is not None:
-        from peft import LoraConfig
-
-        peft_config = LoraConfig(r=recipe.lora.r, lora_alpha=recipe.lora.alpha, lora_dropout=recipe.lora.dropout,
-                                 target_modules=list(recipe.lora.target_modules), task_type="CAUSAL_LM")
+    peft_config = lora_config(recipe.lora) if recipe.lora is not None else None
 
     def make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None):
         if recipe.chat_template:
@@ -178,4 +158,4 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
 
     return train_from_parent("sft", recipe, runs, make_trainer, overwrite=overwrite, summarize=_summary,
                              eval_fraction=recipe.eval_fraction,
-                             export=_export_merged if peft_config is not None else None)
+                             export=export_merged if peft_config is not None else None)
