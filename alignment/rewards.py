@@ -285,11 +285,13 @@ def score_pairs(model, tokenizer, prompts: Sequence, completions: Sequence, batc
                 max_length: int | None = None) -> list[float]:
     """One scalar per (prompt, completion) from a sequence-classification model (num_labels=1).
 
-    Batched, right-padded, without gradients; the model's mode is restored afterwards.
+    Tokenised as TRL's RewardTrainer does (chat template without extra special tokens; plain text
+    with them and an eos); batched, right-padded, without gradients; the model's mode is restored.
     """
     import torch
 
     texts = _scored_texts(tokenizer, prompts, completions)
+    plain = not (prompts and isinstance(prompts[0], (list, tuple)))  # TRL tokenizes plain text with specials
     was_training = model.training
     model.eval()
     scores: list[float] = []
@@ -297,7 +299,7 @@ def score_pairs(model, tokenizer, prompts: Sequence, completions: Sequence, batc
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
                 batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                                  padding_side="right", add_special_tokens=False,
+                                  padding_side="right", add_special_tokens=plain,
                                   truncation=max_length is not None, max_length=max_length)
                 batch = {k: v.to(_device(model)) for k, v in batch.items()}
                 logits = model(**batch).logits
@@ -377,7 +379,7 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
         with torch.inference_mode():
             for start in range(0, len(texts), batch_size):
                 batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                                  padding_side="left", add_special_tokens=False)
+                                  padding_side="left", add_special_tokens=not conversational)
                 batch = {k: v.to(_device(model)) for k, v in batch.items()}
                 generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
                                            eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id,

@@ -25,7 +25,7 @@ def reward_recipe(**changes):
 @pytest.fixture(scope="module")
 def reward_run(runs, sft_run, data_run):
     stage = load_stage("reward")
-    recipe = reward_recipe(name="reward-test", parent=sft_run.name, data=data_run.name)
+    recipe = reward_recipe(name="reward-test", parent=sft_run.name, data=data_run.name, lora=None)  # all weights
     stage.validate(recipe, runs)
     return stage.run(recipe, runs, overwrite=True)
 
@@ -77,6 +77,21 @@ def test_scores_agree_with_the_recorded_held_out_accuracy(reward_run, runs, data
     again = heldout_scores(scorer.model, scorer.tokenizer, held)
     assert again["accuracy"] == pytest.approx(reward_run.metrics["reward/heldout_accuracy"])
     assert len(held) == reward_run.metrics["reward/heldout_pairs"]
+
+
+def test_lora_reward_model_is_merged_into_a_plain_model_with_its_adapter_kept(runs, sft_run, data_run):
+    from alignment.rewards import RewardModelScorer
+
+    stage = load_stage("reward")
+    recipe = reward_recipe(name="reward-lora", parent=sft_run.name, data=data_run.name, lora={"r": 2, "alpha": 4},
+                           trainer={"max_steps": 4})
+    stage.validate(recipe, runs)
+    run = stage.run(recipe, runs, overwrite=True)
+    assert (run.path / "adapter" / "adapter_config.json").is_file()
+    assert not (run.model_dir / "adapter_config.json").exists()  # model/ is merged, loadable without PEFT
+    scorer = RewardModelScorer(run.path)
+    assert 0.0 <= run.metrics["reward/heldout_accuracy"] <= 1.0
+    assert len(scorer(["Add 1 and 2."], ["1 plus 2 is 3."])) == 1
 
 
 @pytest.mark.parametrize("fraction", [0, 0.6, -0.1])
