@@ -30,12 +30,12 @@ def check_lora(spec: LoraSpec | None) -> None:
         raise RecipeError("lora: r must be >= 1, alpha > 0 and target_modules non-empty")
 
 
-def lora_config(spec: LoraSpec):
-    """PEFT's LoraConfig for a causal LM from the recipe's ``lora:``."""
+def lora_config(spec: LoraSpec, task_type: str = "CAUSAL_LM"):
+    """PEFT's LoraConfig from the recipe's ``lora:`` (``SEQ_CLS`` also trains a new score head fully)."""
     from peft import LoraConfig
 
     return LoraConfig(r=spec.r, lora_alpha=spec.alpha, lora_dropout=spec.dropout,
-                      target_modules=list(spec.target_modules), task_type="CAUSAL_LM")
+                      target_modules=list(spec.target_modules), task_type=task_type)
 
 
 def export_merged(trainer, run: Run):

@@ -28,7 +28,8 @@ from smolforge.errors import DataError, RecipeError
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
-from .common import lineage_fingerprints, load_tokenizer, model_parent, run_logger, train_summary, trainer_defaults
+from .common import (LoraSpec, check_lora, lineage_fingerprints, load_tokenizer, lora_config, model_parent,
+                     run_logger, train_summary, trainer_defaults)
 
 
 def defaults() -> dict:
@@ -37,15 +38,6 @@ def defaults() -> dict:
     return {"trainer": trainer_defaults(max_steps=300, per_device_train_batch_size=16, learning_rate=3e-4,
                                         lr_scheduler_type="cosine", warmup_steps=10, weight_decay=0.0,
                                         max_length=256)}
-
-
-@dataclass
-class LoraSpec:
-    r: int = 16                       # adapter rank
-    alpha: int = 32                   # scaling numerator (scale = alpha / r)
-    dropout: float = 0.0              # adapter dropout (TRL's disable_dropout, on by default, zeroes it anyway)
-    target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                          "gate_proj", "up_proj", "down_proj"])  # modules to adapt
 
 
 @dataclass
@@ -109,8 +101,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         raise RecipeError(f"eval_fraction must be in (0, 0.5] (a held-out share of the pairs), got {recipe.eval_fraction}")
     if recipe.trainer.max_length is not None and recipe.trainer.max_length < 8:
         raise RecipeError(f"trainer.max_length={recipe.trainer.max_length} leaves no room for a prompt and answer")
-    if recipe.lora is not None and (recipe.lora.r < 1 or recipe.lora.alpha <= 0 or not recipe.lora.target_modules):
-        raise RecipeError("lora: r must be >= 1, alpha > 0 and target_modules non-empty")
+    check_lora(recipe.lora)
     model_parent(runs, recipe.parent)
     _pairs(recipe, runs)
 
@@ -119,16 +110,6 @@ def _columns(rows: list[dict]) -> list[dict]:
     """The columns RewardTrainer reads (``margin`` only when every row has one)."""
     keep = ("prompt", "chosen", "rejected") + (("margin",) if all("margin" in r for r in rows) else ())
     return [{k: r[k] for k in keep} for r in rows]
-
-
-def _peft_config(lora: LoraSpec | None):
-    if lora is None:
-        return None
-    from peft import LoraConfig
-
-    # SEQ_CLS: PEFT trains the new score head fully (modules_to_save) next to the adapters.
-    return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                      target_modules=list(lora.target_modules), task_type="SEQ_CLS")
 
 
 def heldout_scores(model, tokenizer, rows: list[dict], batch_size: int = 32) -> dict:
@@ -160,7 +141,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                                 train_dataset=Dataset.from_list(_columns(train_rows)),
                                 eval_dataset=Dataset.from_list(_columns(held)),
                                 processing_class=tokenizer, callbacks=[run_logger(run)],
-                                peft_config=_peft_config(recipe.lora))
+                                peft_config=lora_config(recipe.lora, "SEQ_CLS") if recipe.lora else None)
         kept = len(trainer.train_dataset)
         if kept == 0:
             raise DataError(f"every training pair is longer than trainer.max_length={recipe.trainer.max_length} "
