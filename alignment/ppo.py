@@ -18,7 +18,9 @@ TRL's log-softmax/entropy kernels and its ``unwrap_model_for_generation``. One s
 
 1. sample ``batch_size`` training prompts (shuffled epochs of the split) and generate one
    completion each with the policy (:mod:`alignment.generation`; temperature sampling from the
-   full softmax, stopping at eos);
+   full softmax, stopping at eos). With vLLM installed (``generation: auto``) a vLLM server
+   holds the policy and samples; its weights are reloaded in place before every rollout
+   (:mod:`alignment.vllm_rollouts`); otherwise HF ``generate``;
 2. score each completion: the weighted sum of the reward functions (None = "does not apply"
    adds nothing), minus ``missing_eos_penalty`` when it never ended;
 3. with one forward each (no gradients) take the log-probs of the sampled tokens under the
@@ -47,8 +49,11 @@ Choices:
   prepare a single model with one optimizer; the value model has its own learning rate
   (``value_learning_rate``), so no value-loss coefficient is needed.
 - *Dropout* is switched off in all three models (rollout and update log-probs must agree).
+- *Rollout log-probs* are recomputed by the training model in step 3, whichever backend sampled:
+  the update never trusts the sampler's numbers (they agree to ~1e-6 in fp32 anyway).
 - What is not here: a reward model's own score whitening, LR annealing, multiple generations per
-  prompt, in-process vLLM generation (see :mod:`alignment.generation`). Saving under ZeRO-3
+  prompt, vLLM rollouts with more than one training process (each process then uses HF), and
+  in-process (colocated) vLLM. Saving under ZeRO-3
   gathers the policy's parameters first. A DeepSpeed config must state
   ``train_micro_batch_size_per_gpu`` (= ``ppo.mini_batch_size``): there is no dataloader for
   accelerate to infer it from.
@@ -136,8 +141,6 @@ def _check_numbers(recipe: Recipe) -> None:
     need(spec.temperature > 0, f"ppo.temperature must be > 0, got {spec.temperature}")
     need(0 < recipe.heldout_fraction < 1, f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
     need(recipe.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1, got {recipe.eval_max_new_tokens}")
-    need(recipe.generation in ("auto", "hf", "vllm"),
-         f"generation must be auto, hf or vllm, got {recipe.generation!r}")
     need(isinstance(recipe.rewards, list) and bool(recipe.rewards),
          "rewards: name at least one reward function (e.g. [answer_match]) or run:<reward run>")
     if recipe.reward_weights is not None:
@@ -169,8 +172,10 @@ def reward_functions(recipe: Recipe, runs: Runs) -> list:
 
 def validate(recipe: Recipe, runs: Runs) -> None:
     """Numbers, parent model, prompt rows, rewards (each called once on two rows' gold answers)."""
+    from .generation import pick_backend
+
     _check_numbers(recipe)
-    model_parent(runs, recipe.parent)
+    pick_backend(recipe.generation, model_parent(runs, recipe.parent).model_dir)
     _, _, train, _ = load_prompts(recipe, runs)
     probe = train[:2]
     texts = [str(row.get("answer") or "") for row in probe]
@@ -409,7 +414,7 @@ def _rollout_forward(models: Models, rollout: Rollout, spec: PPOSpec) -> None:
 
 
 def ppo_step(models: Models, spec: PPOSpec, rows: list[dict], reward_fns: list, kl_ctl,
-             weights: list | None = None, backend: str = "hf", generator=None) -> dict:
+             weights: list | None = None, rollouts=None, generator=None) -> dict:
     """One PPO iteration on ``rows`` (prompt rows): rollout → score → advantages → update; its metrics."""
     import torch
     from trl.models.utils import unwrap_model_for_generation
@@ -422,8 +427,10 @@ def ppo_step(models: Models, spec: PPOSpec, rows: list[dict], reward_fns: list, 
     started = time.perf_counter()
     prompts = [row["prompt"] for row in rows]
     with unwrap_model_for_generation(models.model, accelerator) as unwrapped:
+        if rollouts is not None:
+            rollouts.sync(unwrapped.policy)
         outputs = generate(unwrapped.policy, tokenizer, prompts, max_new_tokens=spec.max_new_tokens,
-                           temperature=spec.temperature, do_sample=True, backend=backend)
+                           temperature=spec.temperature, do_sample=True, rollouts=rollouts)
     texts, completion_ids = [t for t, _ in outputs], [ids for _, ids in outputs]
     generated = time.perf_counter()
 
@@ -561,7 +568,11 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     paths, data_run, train, heldout = load_prompts(recipe, runs)
     reward_fns = reward_functions(recipe, runs)
     parents = [parent] + ([data_run] if data_run else [])
-    backend = pick_backend(recipe.generation)
+    backend = pick_backend(recipe.generation, parent.model_dir)
+    if backend != "hf" and accelerator.num_processes > 1:
+        log.info("ppo: %d processes; vLLM rollouts serve one process, so each generates with HF",
+                 accelerator.num_processes)
+        backend = "hf"
     context = runs.start("ppo", recipe.name, to_dict(recipe), parents=parents, overwrite=overwrite,
                          data_fingerprints=lineage_fingerprints(parents, {"prompts": paths})) if main else _NoRun()
     with context as run:
@@ -573,16 +584,17 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         rng = random.Random(spec.seed * 1000 + accelerator.process_index)
         generator = torch.Generator().manual_seed(spec.seed)
         batches = _batches(train, spec.batch_size, rng)
-        started, history = time.perf_counter(), []
-        for step in range(1, spec.steps + 1):
-            metrics = ppo_step(models, spec, next(batches), reward_fns, kl_ctl, recipe.reward_weights,
-                               backend, generator)
-            history.append(metrics)
-            run.log(step, **metrics)
-            if not all(math.isfinite(metrics[k]) for k in ("policy_loss", "value_loss", "kl")):
-                raise RuntimeError(f"ppo step {step}: non-finite loss or KL ({metrics}); lower ppo.learning_rate")
-            log.info("ppo step %d/%d: reward %.3f kl %.3f clipfrac %.3f", step, spec.steps, metrics["reward"],
-                     metrics["kl"], metrics["clipfrac"])
+        rollouts = None
+        if backend != "hf":
+            from .vllm_rollouts import ServerRollouts
+
+            rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts", seed=spec.seed).start()
+        started = time.perf_counter()
+        try:
+            history = _train(models, spec, recipe, run, batches, reward_fns, kl_ctl, rollouts, generator)
+        finally:
+            if rollouts is not None:
+                rollouts.stop()
         seconds = time.perf_counter() - started
         after, details_after = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
         log.info("ppo: held-out reward %.3f -> %.3f", before, after)
@@ -598,6 +610,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                 "rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),
                 "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
                 "train/steps": spec.steps, "train/seconds": round(seconds, 1),
+                "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0,
                 "rl/first_reward": history[0]["reward"],
                 "rl/last_reward": round(sum(h["reward"] for h in last) / len(last), 5),
                 "rl/last_kl": round(sum(h["kl"] for h in last) / len(last), 5),
@@ -605,3 +618,19 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
             })
     accelerator.wait_for_everyone()
     return run if main else runs.get(recipe.name, require_done=False)
+
+
+def _train(models: Models, spec: PPOSpec, recipe: Recipe, run, batches, reward_fns, kl_ctl, rollouts,
+           generator) -> list[dict]:
+    """The PPO iterations; each step's metrics, logged to the run as they come."""
+    history = []
+    for step in range(1, spec.steps + 1):
+        metrics = ppo_step(models, spec, next(batches), reward_fns, kl_ctl, recipe.reward_weights,
+                           rollouts, generator)
+        history.append(metrics)
+        run.log(step, **metrics)
+        if not all(math.isfinite(metrics[k]) for k in ("policy_loss", "value_loss", "kl")):
+            raise RuntimeError(f"ppo step {step}: non-finite loss or KL ({metrics}); lower ppo.learning_rate")
+        log.info("ppo step %d/%d: reward %.3f kl %.3f clipfrac %.3f", step, spec.steps, metrics["reward"],
+                 metrics["kl"], metrics["clipfrac"])
+    return history

@@ -37,6 +37,6 @@ def validate(recipe: Recipe, runs: Runs) -> None:
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from trl import RLOOTrainer
 
-    return train_online("rloo", recipe, runs, lambda model, dataset, tokenizer, rewards, callbacks: RLOOTrainer(
+    return train_online("rloo", recipe, runs, lambda model, dataset, tokenizer, rewards, callbacks, _: RLOOTrainer(
         model=model, reward_funcs=rewards, args=recipe.trainer, train_dataset=dataset,
         processing_class=tokenizer, callbacks=callbacks), overwrite=overwrite)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from conftest import run_stage, tiny_recipe
 from smolforge.errors import DataError, RecipeError
@@ -25,6 +26,9 @@ def test_online_rl_trains_from_the_sft_model_and_reports_heldout_reward(runs, sf
     assert run.info["parents"] == [sft_run.name, data_run.name]
     assert run.info["data_fingerprints"]["prompts"] == data_run.info["data_fingerprints"]["data/prompts"]
     assert metrics["train/steps"] == 2
+    # GRPO samples from a vLLM server holding the policy where vLLM's CPU build is installed
+    assert metrics["rl/generation"] == ("vllm-server" if stage == "grpo" and vllm_cpu() else "hf")
+    assert metrics["rl/weight_syncs"] == (1 if metrics["rl/generation"] == "vllm-server" else 0)  # after step 1
     assert 0.0 <= metrics["rl/heldout_reward_before"] <= 1.0 and 0.0 <= metrics["rl/heldout_reward_after"] <= 1.0
     assert metrics["rl/heldout_prompts"] + metrics["rl/train_prompts"] == 118     # 6 entities x 3 + 100 sums
     rows = [json.loads(line) for line in (run.path / "rl" / "heldout.jsonl").read_text().splitlines()]
@@ -40,7 +44,8 @@ def test_online_rl_trains_from_the_sft_model_and_reports_heldout_reward(runs, sf
 def test_a_reward_function_with_the_wrong_length_is_named(runs, sft_run, data_run):
     with pytest.raises(DataError, match="one_reward_too_few"):
         run_stage("grpo", runs, name="grpo-bad-reward", parent=sft_run.name, data=data_run.name,
-                  rewards=["test_online_rl:one_reward_too_few"], eval_max_new_tokens=4, trainer=TINY_RL)
+                  rewards=["test_online_rl:one_reward_too_few"], eval_max_new_tokens=4, trainer=TINY_RL,
+                  generation="hf")
 
 
 @pytest.mark.parametrize("change, message", [
@@ -52,3 +57,9 @@ def test_online_rl_recipe_mistakes_are_refused_before_training(runs, sft_run, ch
     recipe = tiny_recipe("grpo", parent=sft_run.name, trainer=TINY_RL, **change)
     with pytest.raises(RecipeError, match=message.replace("?", r"\?")):
         load_stage("grpo").validate(recipe, runs)
+
+
+def vllm_cpu() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None and not torch.cuda.is_available()

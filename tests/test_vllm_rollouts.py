@@ -1,0 +1,126 @@
+"""The vLLM server path for RL rollouts (smolforge/vllm_server.py, alignment/vllm_rollouts.py).
+
+Runs a real vLLM server (the CPU build, fp32) on the tiny SFT model of the session chain.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+
+from smolforge.errors import RecipeError, ServiceError
+
+PROMPTS = [[{"role": "user", "content": "Add 1 and 2."}], [{"role": "user", "content": "What is 3 plus 4?"}],
+           [{"role": "user", "content": "Name the food that Bo eats."}]]
+
+needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
+
+
+def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
+    """Greedy ids and the log-prob of each chosen token, one prompt at a time (no padding)."""
+    from alignment.generation import cut_at_eos
+
+    results = []
+    for ids in prompt_ids:
+        out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False, top_k=None,
+                             top_p=None, temperature=None, output_scores=True, return_dict_in_generate=True,
+                             eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+        new = cut_at_eos(out.sequences[0, len(ids):].tolist(), {tokenizer.eos_token_id})
+        logprobs = [torch.log_softmax(score[0].float(), -1)[token].item() for score, token in zip(out.scores, new)]
+        results.append((new, logprobs))
+    return results
+
+
+@needs_vllm
+def test_server_samples_what_hf_would_and_follows_weight_updates(sft_run, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from alignment.common import load_tokenizer
+    from alignment.generation import encode_prompts
+    from alignment.vllm_rollouts import ServerRollouts
+
+    tokenizer = load_tokenizer(sft_run.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
+    prompt_ids = encode_prompts(tokenizer, PROMPTS)
+    rollouts = ServerRollouts(sft_run.model_dir, tmp_path / "rollouts").start()
+    try:
+        assert rollouts.server.url.startswith("http://127.0.0.1:")
+        served = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
+        expected = hf_greedy(model, tokenizer, prompt_ids, 8)
+        assert [ids for ids, _ in served] == [ids for ids, _ in expected]          # fp32: token for token
+        for (_, got), (_, want) in zip(served, expected):
+            assert got == pytest.approx(want, abs=1e-4)
+
+        with torch.no_grad():                                                     # a different policy
+            torch.manual_seed(0)
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.2)
+        moved = hf_greedy(model, tokenizer, prompt_ids, 8)
+        assert [ids for ids, _ in moved] != [ids for ids, _ in expected]
+        rollouts.sync(model)
+        after = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
+        assert [ids for ids, _ in after] == [ids for ids, _ in moved]
+
+        sampled = rollouts.generate(prompt_ids[:1] * 2, max_tokens=8, temperature=1.0, n=4)
+        assert len(sampled) == 8 and all(1 <= len(ids) <= 8 and len(lps) == len(ids) for ids, lps in sampled)
+        assert len({tuple(ids) for ids, _ in sampled}) > 1      # identical prompts still sample differently
+    finally:
+        rollouts.stop()
+    assert rollouts.server.process.poll() is not None
+    assert not list((tmp_path / "rollouts").glob("weights-*"))
+    assert (tmp_path / "rollouts" / "vllm-server.log").stat().st_size > 0
+
+
+@needs_vllm
+def test_a_model_folder_vllm_cannot_load_fails_with_the_end_of_its_log(tmp_path):
+    from smolforge.vllm_server import VLLMServer
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
+    server = VLLMServer(tmp_path, log_path=tmp_path / "server.log", ready_timeout=240)
+    with pytest.raises(ServiceError, match=r"exited with code \d+ before it was ready; end of .*server.log"):
+        server.start()
+    assert server.process.poll() is not None
+
+
+def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
+    from smolforge.vllm_server import VLLMServer
+
+    server = VLLMServer(tmp_path / "missing")
+    with pytest.raises(ServiceError, match="not a model folder"):
+        server.start()
+    assert server.process is None
+
+
+def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_path):
+    from alignment.generation import pick_backend
+
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
+    assert pick_backend("hf", tmp_path) == "hf"
+    if torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
+        return  # the head-size rule is the CPU build's
+    assert pick_backend("auto", tmp_path) == "hf"                 # head size 16: CPU attention lacks it
+    with pytest.raises(RecipeError, match="does not support head size 16"):
+        pick_backend("vllm", tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 2}))
+    assert pick_backend("auto", tmp_path) == "vllm-server"
+    with pytest.raises(RecipeError, match="unknown backend 'vlm'"):
+        pick_backend("vlm", tmp_path)
+
+
+@needs_vllm
+def test_ppo_rolls_out_through_the_vllm_server(runs, sft_run, data_run):
+    from test_ppo_stage import ppo_recipe
+
+    from alignment import ppo
+
+    recipe = ppo_recipe(name="ppo-vllm", generation="auto" if torch.cuda.is_available() else "vllm")
+    ppo.validate(recipe, runs)
+    run = ppo.run(recipe, runs, overwrite=True)
+    assert run.status == "done" and run.metrics["rl/generation"] != "hf"
+    steps = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    assert [s["step"] for s in steps] == [1, 2] and all(s["completion_length"] >= 1 for s in steps)
+    assert run.metrics["rl/weight_syncs"] == 2                        # pushed before each of the 2 rollouts
+    assert "Application startup complete" in (run.path / "rl" / "rollouts" / "vllm-server.log").read_text()
+    assert not list((run.path / "rl" / "rollouts").glob("weights-*"))
