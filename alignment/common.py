@@ -151,13 +151,15 @@ def split_heldout(rows: list, fraction: float, seed: int) -> tuple[list, list]:
 
 def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
                       overwrite: bool = False, summarize: Callable[[Any], dict] | None = None,
-                      eval_fraction: float = 0.0, export: Callable[[Any, Run], Any] | None = None) -> Run:
+                      eval_fraction: float = 0.0, export: Callable[[Any, Run], Any] | None = None,
+                      extra_parents: tuple[Run, ...] = ()) -> Run:
     """The shape every TRL stage shares: parent model + data → trainer → ``model/`` + summary.
 
     ``make_trainer(model_dir, dataset, tokenizer, callbacks)`` builds the TRL trainer (with
     ``eval_fraction > 0`` it also gets ``eval_dataset=``, a seeded held-out split of the rows);
     ``summarize(trainer)`` adds stage-specific figures to the ``train/*`` summary;
-    ``export(trainer, run)`` returns the model to save (e.g. LoRA merged into its base).
+    ``export(trainer, run)`` returns the model to save (e.g. LoRA merged into its base);
+    ``extra_parents`` are further runs the result depends on (e.g. DPO's reference run).
     """
     from datasets import Dataset
 
@@ -168,6 +170,7 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     paths, data_run = resolve_data(recipe.data, runs, kind)
     rows = load_many(paths, schema)
     parents = [parent] + ([data_run] if data_run else [])
+    parents += [extra for extra in extra_parents if extra.name not in {p.name for p in parents}]
     with runs.start(stage, recipe.name, to_dict(recipe), parents=parents,
                     data_fingerprints=lineage_fingerprints(parents, {kind: paths}), overwrite=overwrite) as run:
         recipe.trainer.output_dir = str(run.checkpoints_dir)

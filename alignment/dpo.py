@@ -198,6 +198,16 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     validate_preferences("dpo", recipe, runs)
 
 
+def reference_run(recipe: Recipe, runs: Runs) -> Run | None:
+    """The run behind an explicit ``reference: run:<name>`` (or a run folder): a parent of the DPO run."""
+    ref = recipe.reference.strip()
+    if ref.startswith("run:"):
+        return model_parent(runs, ref[len("run:"):])
+    if ref not in ("parent", "none") and (Path(ref).expanduser() / "run.json").is_file():
+        return model_parent(runs, ref)
+    return None
+
+
 def final_metrics(trainer, keys=("rewards/accuracies", "rewards/margins")) -> dict:
     """The last logged value of each of ``keys`` as ``train/<name>``."""
     last = {}
@@ -226,5 +236,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
             trainer.ref_model = None  # its log-probs are dataset columns now; TRL would keep it in memory
         return trainer
 
+    reference_parent = reference_run(recipe, runs)
     return train_from_parent("dpo", recipe, runs, make_trainer, overwrite=overwrite, summarize=final_metrics,
-                             export=export_merged if recipe.lora is not None else None)
+                             export=export_merged if recipe.lora is not None else None,
+                             extra_parents=(reference_parent,) if reference_parent else ())

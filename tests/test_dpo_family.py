@@ -70,6 +70,7 @@ def test_explicit_reference_run_is_the_one_compared_against(runs, sft_run, pretr
     run = run_stage("dpo", runs, name="dpo-ref-pretrain", reference=f"run:{pretrain_run.name}",
                     trainer={**FEW, "precompute_ref_log_probs": True})
     assert run.info["recipe"]["reference"] == f"run:{pretrain_run.name}"
+    assert run.info["parents"][0] == sft_run.name and run.info["parents"][-1] == pretrain_run.name  # lineage
     chosen = logged(run, "rewards/chosen")
     assert abs(chosen[0]) > 1e-3  # step 1 already differs: the reference is not the policy's parent
 
