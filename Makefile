@@ -7,6 +7,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.smolforge-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
@@ -14,6 +15,8 @@ export TOKENIZERS_PARALLELISM := false
 .PHONY: setup demo test clean
 
 setup: $(STAMP)
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless: report screenshot test)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
 # Order matters (see docs/stack.md): torch first (the CPU wheel on disk), then vLLM's CPU build,
 # whose CUDA torchvision/torchaudio/torchcodec break `import transformers`, so they go again.

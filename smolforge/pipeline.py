@@ -9,6 +9,10 @@ A pipeline file::
       - recipe: pretrain.yaml     #   a path plus overrides
         set: {trainer.max_steps: 300}
       - {stage: sft, name: sft-x, parent: pretrain-demo}   # an inline stage recipe
+      - recipe: dpo.yaml          #   any step may carry promotion gates
+        gates:
+          - {metric: instruct/exact_match, against: parent, max_drop: 0.01}
+          - {metric: redteam/jailbreak/attack_success, max: 0.2}
     eval: eval.yaml               # optional: run after every model step (pretrain/sft/dpo)
 
 The eval recipe is run once per model step with ``run`` set to that step's run name and
@@ -17,6 +21,16 @@ The eval recipe is run once per model step with ``run`` set to that step's run n
 first one starts; deep validation happens in the stage's own process. Each step runs as
 ``python -m smolforge --runs-dir ROOT STAGE --config STEP.yaml``, which isolates DeepSpeed
 process groups and vLLM patches between stages.
+
+Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
+step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
+are validated with the rest of the pipeline before the first step starts, and checked on the
+step's run once that step, and the eval that follows it, have finished; on an inline eval step
+they check the evaluated run. The verdicts go to ``<run>/gates.json`` and to the summary's
+``gates`` column; a failing gate stops the pipeline there with a RunError naming the metric, the
+values and the rule (``gate failed: instruct/exact_match 0.650 < parent sft-demo 0.708 - 0.010``),
+so ``smolforge pipeline`` exits non-zero. The gated run itself stays ``done``: it trained fine;
+it just is not promoted to the next step.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -41,15 +55,16 @@ from typing import Any, TextIO
 import yaml
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
 from smolforge.recipe import apply_overrides, load_yaml, set_path
 from smolforge.registry import MODEL_STAGES, stages, unknown_stage_message
-from smolforge.runs import Run, wall_seconds
+from smolforge.runs import Run, Runs, utc_now, wall_seconds, write_json_atomic
 from smolforge.table import print_table
 
 __all__ = ["Step", "Pipeline", "load_pipeline", "run_pipeline", "summary", "score_columns"]
 
 PIPELINE_KEYS = ("pipeline", "eval")
-STEP_KEYS = ("recipe", "set")
+STEP_KEYS = ("recipe", "set", "gates")
 
 
 @dataclasses.dataclass
@@ -60,6 +75,8 @@ class Step:
     stage: str
     recipe: dict
     source: str
+    gates: list[Gate] = dataclasses.field(default_factory=list)  # checked once this step is done
+    gates_of: Step | None = None   # the model step whose gates this eval step carries
 
     @property
     def name(self) -> str | None:
@@ -114,7 +131,7 @@ def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
         for key in item:
             if key not in STEP_KEYS:
                 close = difflib.get_close_matches(str(key), STEP_KEYS, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else "a step with 'recipe' takes: recipe, set"
+                hint = f"did you mean '{close[0]}'?" if close else "a step with 'recipe' takes: recipe, set, gates"
                 raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
         path = base / str(item["recipe"])
         recipe = load_yaml(path)
@@ -126,12 +143,14 @@ def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
             recipe = apply_overrides(recipe, [str(s) for s in sets], f"{where} set")
         else:
             raise RecipeError(f"{where}: 'set' must be a mapping of key.path: value")
-        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path))
+        gates = parse_gates(item.get("gates"), f"{where} gates")
+        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path), gates)
     if isinstance(item, dict) and "stage" in item:
         recipe = copy.deepcopy(item)
-        return Step(f"step {n}", _stage_of(recipe, where), recipe, where)
+        gates = parse_gates(recipe.pop("gates", None), f"{where} gates")
+        return Step(f"step {n}", _stage_of(recipe, where), recipe, where, gates)
     raise RecipeError(
-        f"{where} must be a recipe path, {{recipe: PATH, set: {{key: value}}}} "
+        f"{where} must be a recipe path, {{recipe: PATH, set: {{key: value}}, gates: [...]}} "
         f"or an inline recipe with a 'stage' key; got {item!r}"
     )
 
@@ -264,6 +283,7 @@ def run_pipeline(
     out = out or sys.stdout
     root = Path(root).resolve()
     done: list[tuple[Step, str | None]] = []
+    verdicts: dict[str, list[GateResult]] = {}
     n = 0
     with tempfile.TemporaryDirectory(prefix="smolforge-pipeline-") as tmpdir:
         queue = list(pipeline.steps)
@@ -282,10 +302,47 @@ def run_pipeline(
                     f" and {record}" if record is not None and record.is_file() else "")
                 raise RunError(f"pipeline {step.label} ({what}) failed with exit code {code}{see}")
             if step.stage in MODEL_STAGES and pipeline.eval is not None and name:
-                queue.insert(0, pipeline.eval_step(step, name))
-    rows = summary(done, root)
+                follow = pipeline.eval_step(step, name)
+                follow.gates, follow.gates_of = step.gates, step  # gates wait for the scores
+                queue.insert(0, follow)
+                continue
+            if step.gates:
+                owner = step.gates_of or step
+                target = _gated_run(step, name)
+                results = _check_step_gates(step, target, root, sys.stderr if as_json else out)
+                verdicts[target] = results
+                failed = failures(results)
+                if failed:
+                    _print_summary(summary(done, root, verdicts), as_json, out)
+                    raise RunError(f"pipeline {owner.label} (stage {owner.stage}, run {target}) "
+                                   f"failed its promotion gates: {'; '.join(failed)}")
+    rows = summary(done, root, verdicts)
     _print_summary(rows, as_json, out)
     return rows
+
+
+def _gated_run(step: Step, name: str | None) -> str:
+    """The run a step's gates judge: the model run (eval steps: the evaluated run)."""
+    if step.stage == "eval" and step.recipe.get("run"):
+        return str(step.recipe["run"])
+    if not name:
+        raise RunError(f"pipeline {step.label} (stage {step.stage}) has gates but its run name is unknown")
+    return name
+
+
+def _check_step_gates(step: Step, target: str, root: Path, out: TextIO) -> list[GateResult]:
+    """Check ``step.gates`` on run ``target``; print the verdicts and record them in gates.json."""
+    runs = Runs(root)
+    run = runs.get(target, require_done=False)
+    results = check_gates(run, runs, step.gates)
+    write_json_atomic(run.path / "gates.json", {
+        "run": run.name, "step": (step.gates_of or step).label, "checked_at": utc_now(),
+        "passed": not failures(results), "results": [r.to_dict() for r in results]})
+    print(f"gates on {run.name}:", file=out)
+    for result in results:
+        print(f"  {result.message}", file=out)
+    out.flush()
+    return results
 
 
 # --------------------------------------------------------------------------- summary
@@ -315,9 +372,14 @@ def score_columns(metrics_list: Iterable[dict]) -> list[str]:
     return list(cols)
 
 
-def summary(done: list[tuple[Step, str | None]], root: Path) -> list[dict]:
-    """One dict per step run: stage, run, status, wall_s, tokens, metrics (read from run.json)."""
+def summary(done: list[tuple[Step, str | None]], root: Path,
+            gates: dict[str, list[GateResult]] | None = None) -> list[dict]:
+    """One dict per step run: stage, run, status, wall_s, tokens, metrics (read from run.json).
+
+    Rows of runs whose gates were checked also get ``gates``: the verdicts as dicts.
+    """
     rows = []
+    pending = dict(gates or {})
     for step, name in done:
         info: dict = {}
         if name:
@@ -334,6 +396,8 @@ def summary(done: list[tuple[Step, str | None]], root: Path) -> list[dict]:
             "tokens": metrics.get("train/tokens"),
             "metrics": metrics,
         })
+        if name in pending:
+            rows[-1]["gates"] = [r.to_dict() for r in pending.pop(name)]
     return rows
 
 
@@ -348,16 +412,28 @@ def _score_cell(metrics: dict, key: str) -> str | None:
     return text
 
 
+def _gates_cell(row: dict) -> str | None:
+    """``pass 2/2`` or ``FAILED 1/2: metric, metric`` for a row with gate verdicts."""
+    results = row.get("gates")
+    if not results:
+        return None
+    bad = [r["gate"]["metric"] for r in results if not r["passed"]]
+    if not bad:
+        return f"pass {len(results)}/{len(results)}"
+    return f"FAILED {len(bad)}/{len(results)}: {', '.join(bad)}"
+
+
 def _print_summary(rows: list[dict], as_json: bool, out: TextIO) -> None:
     if as_json:
         print(json.dumps({"steps": rows}, default=str), file=out)
         return
-    shown = [r for r in rows if r["stage"] != "eval"] or rows
+    shown = [r for r in rows if r["stage"] != "eval" or "gates" in r] or rows
     cols = score_columns(r["metrics"] for r in shown)
-    headers = ["stage", "run", "status", "wall s", "tokens", *cols]
+    gated = any("gates" in r for r in shown)
+    headers = ["stage", "run", "status", "wall s", "tokens", *cols, *(["gates"] if gated else [])]
     table = [
         [r["stage"], r["run"], r["status"], r["wall_s"], r["tokens"],
-         *(_score_cell(r["metrics"], c) for c in cols)]
+         *(_score_cell(r["metrics"], c) for c in cols), *([_gates_cell(r)] if gated else [])]
         for r in shown
     ]
     print(file=out)

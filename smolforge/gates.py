@@ -1,0 +1,295 @@
+"""Promotion gates: pure comparisons of a run's metrics (run.json) against rules.
+
+A gate names one metric and one or more rules::
+
+    {metric: instruct/exact_match, against: parent, max_drop: 0.01}   # may fall at most 0.01
+    {metric: redteam/jailbreak/attack_success, max: 0.2}              # absolute ceiling
+    {metric: facts/acc, min: 0.5}                                      # absolute floor
+    {metric: redteam/jailbreak/attack_success, against: sft-demo, max_rise: 0.05}
+
+``against`` is ``parent`` (the nearest ancestor that has the metric, walking up the lineage
+breadth-first in parent order) or a run name / folder. With ``against`` and neither ``max_drop``
+nor ``max_rise``, the metric may not drop at all (``max_drop: 0``). Gates sit on pipeline steps
+(see :mod:`smolforge.pipeline`); a failing gate fails the step. A metric the run does not have
+is a failing gate whose message lists the metrics that do exist.
+
+    >>> import tempfile
+    >>> runs = Runs(tempfile.mkdtemp())
+    >>> with runs.start("sft", "sft-a", recipe={}) as a:
+    ...     a.finish(metrics={"instruct/exact_match": 0.708})
+    >>> with runs.start("dpo", "dpo-a", recipe={}, parents=[a]) as b:
+    ...     b.finish(metrics={"instruct/exact_match": 0.65})
+    >>> gates = parse_gates([{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.01}])
+    >>> [r.message for r in check_gates(b, runs, gates)]
+    ['gate failed: instruct/exact_match 0.650 < parent sft-a 0.708 - 0.010']
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from smolforge.errors import RecipeError, RunError
+from smolforge.runs import Run, Runs
+
+__all__ = ["GATE_KEYS", "Gate", "GateResult", "parse_gates", "check_gates", "failures"]
+
+GATE_KEYS = ("metric", "against", "max_drop", "max_rise", "min", "max")
+_EPS = 1e-9  # float slack so 0.698 passes ">= 0.708 - 0.010"
+
+
+@dataclasses.dataclass(frozen=True)
+class Gate:
+    """One gate: a metric and its rules (at least one of against/min/max)."""
+
+    metric: str
+    against: str | None = None       # "parent" or a run name/folder
+    max_drop: float | None = None    # with against: value >= reference - max_drop
+    max_rise: float | None = None    # with against: value <= reference + max_rise
+    min: float | None = None         # value >= min
+    max: float | None = None         # value <= max
+
+    def describe(self) -> str:
+        """The rule in words.
+
+        >>> Gate("facts/acc", against="parent", max_drop=0.01, min=0.3).describe()
+        'facts/acc >= parent - 0.01, >= 0.3'
+        """
+        parts = []
+        if self.against is not None:
+            if self.max_drop is not None:
+                parts.append(f">= {self.against} - {self.max_drop:g}")
+            if self.max_rise is not None:
+                parts.append(f"<= {self.against} + {self.max_rise:g}")
+        if self.min is not None:
+            parts.append(f">= {self.min:g}")
+        if self.max is not None:
+            parts.append(f"<= {self.max:g}")
+        return f"{self.metric} " + ", ".join(parts)
+
+    def to_dict(self) -> dict:
+        """The spec with unset rules left out (the YAML form).
+
+        >>> Gate("x/acc", max=0.2).to_dict()
+        {'metric': 'x/acc', 'max': 0.2}
+        """
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass
+class GateResult:
+    """The verdict of one gate on one run."""
+
+    gate: Gate
+    passed: bool
+    message: str                         # "gate passed: ..." / "gate failed: ..."
+    value: float | None = None           # the run's value of the metric (None if missing)
+    reference: float | None = None       # the compared run's value (gates with against)
+    reference_run: str | None = None     # the compared run's name
+
+    def to_dict(self) -> dict:
+        """JSON-ready form (for the pipeline summary and gates.json).
+
+        >>> GateResult(Gate("a/acc", max=1.0), True, "gate passed: a/acc 0.5 <= max 1.000", 0.5).to_dict()["passed"]
+        True
+        """
+        return {"gate": self.gate.to_dict(), "rule": self.gate.describe(), "passed": self.passed,
+                "message": self.message, "value": self.value, "reference": self.reference,
+                "reference_run": self.reference_run}
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _number(spec: dict, key: str, where: str) -> float | None:
+    value = spec.get(key)
+    if value is None:
+        return None
+    if isinstance(value, str):
+        try:
+            value = float(value)
+        except ValueError:
+            pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise RecipeError(f"{where}: '{key}' must be a number, got {spec.get(key)!r}")
+    return float(value)
+
+
+def _parse_one(spec: Any, where: str) -> Gate:
+    if not isinstance(spec, dict):
+        raise RecipeError(
+            f"{where} must be a mapping like {{metric: task/metric, against: parent, max_drop: 0.01}}, "
+            f"got {spec!r}"
+        )
+    for key in spec:
+        if key not in GATE_KEYS:
+            close = difflib.get_close_matches(str(key), GATE_KEYS, n=1)
+            hint = f"did you mean '{close[0]}'?" if close else f"a gate takes: {', '.join(GATE_KEYS)}"
+            raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
+    metric = spec.get("metric")
+    if not isinstance(metric, str) or not metric.strip():
+        raise RecipeError(f"{where}: 'metric' must name a run.json metric, e.g. instruct/exact_match")
+    against = spec.get("against")
+    if against is not None and (not isinstance(against, str) or not against.strip()):
+        raise RecipeError(f"{where}: 'against' must be 'parent' or a run name, got {against!r}")
+    nums = {k: _number(spec, k, where) for k in ("max_drop", "max_rise", "min", "max")}
+    for key in ("max_drop", "max_rise"):
+        if nums[key] is not None:
+            if against is None:
+                raise RecipeError(f"{where}: '{key}' needs 'against' (parent or a run name)")
+            if nums[key] < 0:
+                raise RecipeError(f"{where}: '{key}' must be >= 0, got {nums[key]:g}")
+    if against is None and nums["min"] is None and nums["max"] is None:
+        raise RecipeError(f"{where}: gate on '{metric}' has no rule; give against (+ max_drop), min or max")
+    if nums["min"] is not None and nums["max"] is not None and nums["min"] > nums["max"]:
+        raise RecipeError(f"{where}: min {nums['min']:g} is above max {nums['max']:g}")
+    if against is not None and nums["max_drop"] is None and nums["max_rise"] is None:
+        nums["max_drop"] = 0.0
+    return Gate(metric=metric.strip(), against=None if against is None else against.strip(), **nums)
+
+
+def parse_gates(specs: Any, source: str = "gates") -> list[Gate]:
+    """Validate a list of gate specs (dicts, as in YAML) into :class:`Gate` objects.
+
+    Raises RecipeError naming the gate and the key for anything that cannot work.
+
+    >>> parse_gates([{"metric": "facts/acc", "min": 0.5}])
+    [Gate(metric='facts/acc', against=None, max_drop=None, max_rise=None, min=0.5, max=None)]
+    >>> parse_gates([{"metric": "facts/acc", "max_dorp": 0.1}])
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: gates[1]: unknown key 'max_dorp' (did you mean 'max_drop'?)
+    """
+    if specs is None:
+        return []
+    if isinstance(specs, dict):
+        specs = [specs]
+    if not isinstance(specs, list):
+        raise RecipeError(f"{source}: 'gates' must be a list of gates, got {specs!r}")
+    return [_parse_one(spec, f"{source}[{n}]") for n, spec in enumerate(specs, start=1)]
+
+
+# --------------------------------------------------------------------------- checking
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _parents(run: Run) -> list[Run]:
+    found = []
+    for ref in run.parents:
+        path = Path(ref).expanduser()
+        path = path if path.is_absolute() else run.path.parent / ref
+        try:
+            found.append(Run(path))
+        except RunError:
+            continue  # a parent that is gone cannot be compared against
+    return found
+
+
+def _nearest_with(run: Run, metric: str) -> tuple[Run | None, list[str]]:
+    """Breadth-first up the lineage: the nearest ancestor holding ``metric``, and who was looked at."""
+    seen = {run.path.resolve()}
+    looked: list[str] = []
+    frontier = [run]
+    while frontier:
+        nxt = []
+        for node in frontier:
+            for parent in _parents(node):
+                key = parent.path.resolve()
+                if key in seen:
+                    continue
+                seen.add(key)
+                looked.append(parent.name)
+                if _is_number(parent.metrics.get(metric)):
+                    return parent, looked
+                nxt.append(parent)
+        frontier = nxt
+    return None, looked
+
+
+def _missing_message(run: Run, metric: str, prefix: str = "gate failed: ") -> str:
+    keys = sorted(run.metrics)
+    close = difflib.get_close_matches(metric, keys, n=3, cutoff=0.5)
+    hint = f"did you mean {', '.join(repr(c) for c in close)}?; " if close else ""
+    shown = ", ".join(keys[:25]) + (", ..." if len(keys) > 25 else "") if keys else "none"
+    return f"{prefix}run {run.name} has no metric '{metric}' ({hint}its metrics: {shown})"
+
+
+def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
+    value = run.metrics.get(gate.metric)
+    if gate.metric not in run.metrics:
+        return GateResult(gate, False, _missing_message(run, gate.metric))
+    if not _is_number(value):
+        return GateResult(gate, False, f"gate failed: {gate.metric} of run {run.name} is not a number ({value!r})")
+    value = float(value)
+    problems: list[str] = []
+    passes: list[str] = []
+    reference = ref_name = None
+    if gate.against is not None:
+        if gate.against == "parent":
+            ref_run, looked = _nearest_with(run, gate.metric)
+            if ref_run is None:
+                where = ", ".join(looked) if looked else "it has no parents"
+                return GateResult(gate, False, f"gate failed: no ancestor of {run.name} has metric "
+                                  f"'{gate.metric}' to compare against (looked at: {where})", value)
+            label = f"parent {ref_run.name}"
+        else:
+            try:
+                ref_run = runs.get(gate.against, require_done=False)
+            except RunError as exc:
+                return GateResult(gate, False, f"gate failed: {gate.metric}: {exc}", value)
+            if not _is_number(ref_run.metrics.get(gate.metric)):
+                prefix = f"gate failed: cannot compare against {ref_run.name}: "
+                return GateResult(gate, False, _missing_message(ref_run, gate.metric, prefix),
+                                  value, reference_run=ref_run.name)
+            label = ref_run.name
+        reference, ref_name = float(ref_run.metrics[gate.metric]), ref_run.name
+        if gate.max_drop is not None:
+            ok = value >= reference - gate.max_drop - _EPS
+            (passes if ok else problems).append(
+                f"{gate.metric} {value:.3f} {'>=' if ok else '<'} {label} {reference:.3f} - {gate.max_drop:.3f}")
+        if gate.max_rise is not None:
+            ok = value <= reference + gate.max_rise + _EPS
+            (passes if ok else problems).append(
+                f"{gate.metric} {value:.3f} {'<=' if ok else '>'} {label} {reference:.3f} + {gate.max_rise:.3f}")
+    if gate.min is not None:
+        ok = value >= gate.min - _EPS
+        (passes if ok else problems).append(f"{gate.metric} {value:.3f} {'>=' if ok else '<'} min {gate.min:.3f}")
+    if gate.max is not None:
+        ok = value <= gate.max + _EPS
+        (passes if ok else problems).append(f"{gate.metric} {value:.3f} {'<=' if ok else '>'} max {gate.max:.3f}")
+    if problems:
+        return GateResult(gate, False, "gate failed: " + "; ".join(problems), value, reference, ref_name)
+    return GateResult(gate, True, "gate passed: " + "; ".join(passes), value, reference, ref_name)
+
+
+def check_gates(run: Run, runs: Runs, gates: Iterable[Gate | dict]) -> list[GateResult]:
+    """One :class:`GateResult` per gate, in order; never raises for missing metrics or runs.
+
+    Gates given as dicts are parsed first (a malformed one is a RecipeError).
+
+    >>> import tempfile
+    >>> runs = Runs(tempfile.mkdtemp())
+    >>> with runs.start("eval", "r", recipe={}) as r:
+    ...     r.finish(metrics={"redteam/jailbreak/attack_success": 0.35})
+    >>> print(check_gates(r, runs, [{"metric": "redteam/jailbreak/attack_success", "max": 0.2}])[0].message)
+    gate failed: redteam/jailbreak/attack_success 0.350 > max 0.200
+    >>> print(check_gates(r, runs, [{"metric": "redteam/jailbrek/attack_success", "max": 0.2}])[0].message)
+    gate failed: run r has no metric 'redteam/jailbrek/attack_success' (did you mean 'redteam/jailbreak/attack_success'?; its metrics: redteam/jailbreak/attack_success)
+    """
+    parsed = [g if isinstance(g, Gate) else parse_gates([g])[0] for g in gates]
+    return [_check(run, runs, gate) for gate in parsed]
+
+
+def failures(results: Iterable[GateResult]) -> list[str]:
+    """Messages of the failing results (empty when every gate passed).
+
+    >>> failures([GateResult(Gate("a", min=1.0), False, "gate failed: a 0.500 < min 1.000", 0.5)])
+    ['gate failed: a 0.500 < min 1.000']
+    """
+    return [r.message for r in results if not r.passed]
