@@ -6,6 +6,8 @@
     smolforge runs
     smolforge lineage dpo-demo
     smolforge serve dpo-demo
+    smolforge compare sft-demo dpo-demo
+    smolforge report dpo-demo
 
 Only stdlib and pyyaml are imported here; a stage module (and torch/TRL with it) is imported
 only when its command runs, so ``--help`` answers at once.
@@ -123,6 +125,21 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=_epilog("smolforge lineage dpo-demo"))
     g.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
     g.add_argument("--json", action="store_true", help="print the tree as JSON")
+
+    cp = sub.add_parser("compare", help="compare runs side by side: eval scores and training figures",
+                        formatter_class=fmt,
+                        description="One column per run: primary eval scores (± stderr, random baseline in "
+                        "the row label),\nfinal loss, steps, wall time and RL's held-out reward.",
+                        epilog=_epilog("smolforge compare sft-demo dpo-demo grpo-demo"))
+    cp.add_argument("names", nargs="+", metavar="RUN", help="runs to compare")
+    cp.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+
+    rp = sub.add_parser("report", help="write a run's report.html (curves, scores, lineage plots)",
+                        formatter_class=fmt,
+                        description="Write <run>/report.html: training curves, eval scores with stderr, "
+                        "and the scores along the run's lineage, as one self-contained page.",
+                        epilog=_epilog("smolforge report dpo-demo"))
+    rp.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
 
     sv = sub.add_parser(
         "serve", help="serve a run's model through vLLM's OpenAI-compatible server",
@@ -387,7 +404,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command is None:
             parser.print_help()
             return 2
-        if extras and args.command in ("pipeline", "runs", "lineage"):
+        if extras and args.command in ("pipeline", "runs", "lineage", "compare", "report"):
             parser.parse_args(argv)  # argparse prints "unrecognized arguments" and exits 2
         if args.command == "plan":
             return _cmd_plan(args, extras)
@@ -400,6 +417,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _cmd_runs(args, root)
         if args.command == "lineage":
             return _cmd_lineage(args, root)
+        if args.command == "compare":
+            from evals.compare import compare_data, compare_table
+            from smolforge.runs import Runs
+
+            print(json.dumps(compare_data(Runs(root), args.names), indent=2, default=str) if args.json
+                  else compare_table(Runs(root), args.names))
+            return 0
+        if args.command == "report":
+            from evals.report import write_report
+            from smolforge.runs import Runs
+
+            runs = Runs(root)
+            print(write_report(runs.get(args.run), runs))
+            return 0
         if args.command == "serve":
             from smolforge.runs import Runs
             from smolforge.serve import serve

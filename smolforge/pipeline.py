@@ -13,7 +13,8 @@ A pipeline file::
         gates:
           - {metric: instruct/exact_match, against: parent, max_drop: 0.01}
           - {metric: redteam/jailbreak/attack_success, max: 0.2}
-    eval: eval.yaml               # optional: run after every model step (pretrain/sft/dpo)
+    eval: eval.yaml               # optional: run after every model step (pretrain/sft/dpo/…);
+                                  #   a list ([eval.yaml, redteam.yaml]) runs each in turn
 
 The eval recipe is run once per model step with ``run`` set to that step's run name and
 ``name`` set to ``eval-<run>`` (or to its own ``name`` with ``{run}`` filled in, e.g.
@@ -90,19 +91,31 @@ class Pipeline:
 
     path: Path
     steps: list[Step]
-    eval: dict | None = None
+    evals: list[dict] = dataclasses.field(default_factory=list)
+
+    @property
+    def eval(self) -> dict | None:
+        """The first eval recipe (None when the pipeline has none)."""
+        return self.evals[0] if self.evals else None
+
+    def eval_steps(self, after: Step, run_name: str) -> list[Step]:
+        """The eval steps that follow model step ``after`` whose run is ``run_name``, in order."""
+        steps = []
+        for index, template_recipe in enumerate(self.evals):
+            recipe = copy.deepcopy(template_recipe)
+            template = recipe.get("name")
+            if isinstance(template, str) and "{run}" in template:
+                recipe["name"] = template.replace("{run}", run_name)
+            else:
+                recipe["name"] = f"eval-{run_name}" if index == 0 else f"eval{index + 1}-{run_name}"
+            recipe["run"] = run_name
+            label = f"{after.label} eval" if index == 0 else f"{after.label} eval {index + 1}"
+            steps.append(Step(label, "eval", recipe, f"{self.path} (eval)"))
+        return steps
 
     def eval_step(self, after: Step, run_name: str) -> Step:
-        """The eval step that follows model step ``after`` whose run is ``run_name``."""
-        assert self.eval is not None
-        recipe = copy.deepcopy(self.eval)
-        template = recipe.get("name")
-        if isinstance(template, str) and "{run}" in template:
-            recipe["name"] = template.replace("{run}", run_name)
-        else:
-            recipe["name"] = f"eval-{run_name}"
-        recipe["run"] = run_name
-        return Step(f"{after.label} eval", "eval", recipe, f"{self.path} (eval)")
+        """The (first) eval step that follows model step ``after``."""
+        return self.eval_steps(after, run_name)[0]
 
 
 # --------------------------------------------------------------------------- loading
@@ -206,9 +219,11 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
         raise RecipeError(f"{source}: 'pipeline' must be a non-empty list of steps")
     base = path.parent
     steps = [_load_step(item, n, base, source) for n, item in enumerate(items, start=1)]
-    eval_recipe = _load_eval(data["eval"], base, source) if data.get("eval") is not None else None
+    listed = data.get("eval")
+    listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
+    eval_recipes = [_load_eval(item, base, source) for item in listed]
 
-    present = {s.stage for s in steps} | ({"eval"} if eval_recipe is not None else set())
+    present = {s.stage for s in steps} | ({"eval"} if eval_recipes else set())
     for stage, override in _split_sets(sets, source):
         if stage not in present:
             raise RecipeError(
@@ -218,8 +233,8 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
         for step in steps:
             if step.stage == stage:
                 step.recipe = apply_overrides(step.recipe, [override], "--set")
-        if stage == "eval" and eval_recipe is not None:
-            eval_recipe = apply_overrides(eval_recipe, [override], "--set")
+        if stage == "eval":
+            eval_recipes = [apply_overrides(r, [override], "--set") for r in eval_recipes]
 
     seen: dict[str, str] = {}
     for step in steps:
@@ -230,7 +245,7 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
             )
         if step.name is not None:
             seen[step.name] = step.label
-    return Pipeline(path, steps, eval_recipe)
+    return Pipeline(path, steps, eval_recipes)
 
 
 # --------------------------------------------------------------------------- running
@@ -301,10 +316,10 @@ def run_pipeline(
                 see = "; see the output above" + (
                     f" and {record}" if record is not None and record.is_file() else "")
                 raise RunError(f"pipeline {step.label} ({what}) failed with exit code {code}{see}")
-            if step.stage in MODEL_STAGES and pipeline.eval is not None and name:
-                follow = pipeline.eval_step(step, name)
-                follow.gates, follow.gates_of = step.gates, step  # gates wait for the scores
-                queue.insert(0, follow)
+            if step.stage in MODEL_STAGES and pipeline.evals and name:
+                follows = pipeline.eval_steps(step, name)
+                follows[-1].gates, follows[-1].gates_of = step.gates, step  # gates wait for every score
+                queue[:0] = follows
                 continue
             if step.gates:
                 owner = step.gates_of or step
@@ -349,11 +364,14 @@ def _check_step_gates(step: Step, target: str, root: Path, out: TextIO) -> list[
 
 
 # Training summaries stay in run.json; the table shows eval scores and RL's held-out reward.
-_NOT_SCORES = ("train/", "eval/", "data/", "sft/", "reward/", "ppo/", "rl/heldout_prompts", "rl/train_prompts")
+_NOT_SCORES = ("train/", "eval/", "data/", "sft/", "reward/", "ppo/", "rl/heldout_prompts", "rl/train_prompts",
+               "rl/generation", "rl/weight_syncs", "parity/", "redteam/seconds", "redteam/judge_agreement")
 
 
 def _is_score(key: str) -> bool:
     if "/" not in key or key.startswith(_NOT_SCORES):
+        return False
+    if key.startswith("redteam/") and key.count("/") >= 2:  # per category: in eval/redteam.json and the report
         return False
     return not key.endswith(("/random", "/stderr", "_stderr"))
 

@@ -272,6 +272,20 @@ def test_pipeline_overrides_reach_the_right_steps(fake_env):
     assert ev.recipe == {"name": "s1-scored", "stage": "eval", "score": 0.5, "run": "s1"}
 
 
+def test_a_list_of_eval_recipes_runs_each_after_every_model_step(fake_env):
+    write(fake_env / "first.yaml", "stage: eval\nsuite: embedded\n")
+    f = write(fake_env / "p.yaml", """\
+        pipeline:
+          - {stage: sft, name: s1}
+        eval: [first.yaml, {suite: redteam, name: "{run}-redteam"}]
+        """)
+    pipe = load_pipeline(f, ["eval.limit=3"])
+    steps = pipe.eval_steps(pipe.steps[0], "s1")
+    assert [(s.label, s.recipe["name"], s.recipe["suite"], s.recipe["limit"]) for s in steps] == [
+        ("step 1 eval", "eval-s1", "embedded", 3), ("step 1 eval 2", "s1-redteam", "redteam", 3)]
+    assert all(s.recipe["run"] == "s1" for s in steps) and pipe.eval == pipe.evals[0]
+
+
 def test_pipeline_runs_steps_in_subprocesses_with_eval(fake_env):
     write(fake_env / "pre.yaml", "stage: pretrain\nname: p1\ntokens: 1000\n")
     f = write(fake_env / "pipe.yaml", """\
