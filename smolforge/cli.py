@@ -285,7 +285,7 @@ def _cmd_eval_verb(verb: str, args: argparse.Namespace, extras: list[str], root:
             raise RecipeError("usage: smolforge eval stage TASK --from FILE (a local copy of the task's data)")
         print(stage_task(names[0], args.from_file))
         return 0
-    from evals.audit import audit, format_audit
+    from evals.audit import audit, audit_json, format_audit
 
     if not names:
         raise RecipeError("usage: smolforge eval audit RUN RUN… [--suite NAME] [--tasks a,b] [--limit N]")
@@ -293,7 +293,7 @@ def _cmd_eval_verb(verb: str, args: argparse.Namespace, extras: list[str], root:
     tasks = [t for t in options.get("tasks", "").strip("[]").split(",") if t] or None
     result = audit(Runs(root), names, suite=options.get("suite", "embedded"), tasks=tasks,
                    limit=int(options["limit"]) if options.get("limit") else None)
-    print(json.dumps(result, indent=2, default=str) if args.json else format_audit(result))
+    print(audit_json(result) if args.json else format_audit(result))
     return 0
 
 
