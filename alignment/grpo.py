@@ -12,6 +12,7 @@ plain HF model. ``trainer:`` takes any ``trl.GRPOConfig`` field (``beta`` for a 
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
@@ -40,6 +41,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from trl import GRPOTrainer
 
     def make_trainer(model, dataset, tokenizer, rewards, callbacks, rollout_func):
+        if rollout_func is not None:  # TRL warns on every use of its experimental hook; said once in our log
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
         return GRPOTrainer(model=model, reward_funcs=rewards, args=recipe.trainer, train_dataset=dataset,
                            processing_class=tokenizer, callbacks=callbacks, rollout_func=rollout_func)
 
