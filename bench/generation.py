@@ -12,7 +12,7 @@ rest of its process), after one warm-up call; the time is the best of ``--repeat
 server's start-up time is reported apart from its throughput. The last line is one JSON object
 with tokens/s per backend and the ratios vLLM ÷ HF.
 
-The ~100M model is a SmolLM3 config (hidden 768, 12 layers, 12 heads of 64, MLP 2048) with random
+The ~100M model is a SmolLM3 config (hidden 768, 16 layers, 12 heads of 64, MLP 2048) with random
 weights and the demo tokenizer: sizes where batching and paged KV caches can matter, which a
 1M-parameter demo model is too small to show.
 """
@@ -119,7 +119,7 @@ def build_big_model(tokenizer_dir: Path, out: Path) -> Path:
     from transformers import AutoTokenizer, SmolLM3Config, SmolLM3ForCausalLM
 
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
-    config = SmolLM3Config(vocab_size=len(tokenizer), hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+    config = SmolLM3Config(vocab_size=len(tokenizer), hidden_size=768, intermediate_size=2048, num_hidden_layers=16,
                            num_attention_heads=12, num_key_value_heads=4, max_position_embeddings=512,
                            tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id,
                            eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
