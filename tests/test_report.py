@@ -236,3 +236,24 @@ def test_report_of_a_real_chain_renders_in_chromium(scored_chain, tmp_path):
 
     assert pixels_near((0x1F, 0x77, 0xB4)) > 2000  # the first series' blue: bars, curves, legends
     assert pixels_near((0xFF, 0x7F, 0x0E)) > 500   # the second series' orange
+
+
+def test_compare_and_report_commands(chain):
+    from smolforge.cli import main
+
+    import contextlib
+    import io
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--runs-dir", str(chain.root), "compare", "sft-x", "dpo-x"]) == 0
+    assert out.getvalue().splitlines()[0].split() == ["figure", "sft-x", "dpo-x"]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["--runs-dir", str(chain.root), "report", "dpo-x"]) == 0
+    written = Path(out.getvalue().strip())
+    assert written == chain.root / "dpo-x" / "report.html" and "<svg" in written.read_text()
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        assert main(["--runs-dir", str(chain.root), "compare", "dpo-y"]) == 2
+    assert "RunError: unknown run 'dpo-y' (did you mean 'dpo-x'?)" in err.getvalue()
