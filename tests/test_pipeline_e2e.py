@@ -55,6 +55,9 @@ def test_demo_pipeline_runs_every_stage_and_scores_each_model(pipeline_result):
         for key in ("facts/acc", "arith/acc", "instruct/exact_match", "prefs/acc", "prefs/margin"):
             assert key in step["metrics"], (step["run"], key)
         assert step["metrics"]["facts/acc/random"] == 0.125
+        assert "redteam/attack_success" in step["metrics"]            # the second eval recipe ran too
+    gates = json.loads((runs_dir / "dpo-demo" / "gates.json").read_text())
+    assert gates["passed"] and len(gates["results"]) == 2            # the demo's DPO promotion gates
     statuses = {json.loads((p / "run.json").read_text())["status"] for p in runs_dir.iterdir() if p.is_dir()}
     assert statuses == {"done"}
 
