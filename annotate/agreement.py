@@ -31,10 +31,9 @@ from collections.abc import Hashable, Mapping, Sequence
 from itertools import permutations
 from typing import Literal
 
-__all__ = ["cohen_kappa", "krippendorff_alpha", "coincidences", "Level"]
+__all__ = ["cohen_kappa", "krippendorff_alpha", "coincidences", "Level", "ReliabilityData"]
 
 Level = Literal["nominal", "ordinal", "interval"]
-Missing = None
 
 
 def cohen_kappa(a: Sequence[Hashable | None], b: Sequence[Hashable | None]) -> float | None:
@@ -62,8 +61,10 @@ def cohen_kappa(a: Sequence[Hashable | None], b: Sequence[Hashable | None]) -> f
     return (observed - expected) / (1.0 - expected)
 
 
-def _units(data: Mapping[Hashable, Mapping[Hashable, Hashable | None]] | Sequence[Sequence[Hashable | None]]
-           ) -> list[list[Hashable]]:
+ReliabilityData = Mapping[Hashable, Mapping[Hashable, Hashable | None]] | Sequence[Sequence[Hashable | None]]
+
+
+def _units(data: ReliabilityData) -> list[list[Hashable]]:
     """The answered values of each unit, from ``{unit: {coder: value}}`` or coder rows."""
     if isinstance(data, Mapping):
         return [[v for v in by_coder.values() if v is not None] for by_coder in data.values()]
@@ -106,8 +107,7 @@ def _distance(level: Level, totals: dict[Hashable, float], order: list[Hashable]
     raise ValueError(f"unknown level {level!r} (expected nominal, ordinal or interval)")
 
 
-def krippendorff_alpha(data: Mapping[Hashable, Mapping[Hashable, Hashable | None]] | Sequence[Sequence[Hashable | None]],
-                       level: Level = "nominal") -> float | None:
+def krippendorff_alpha(data: ReliabilityData, level: Level = "nominal") -> float | None:
     """Krippendorff's alpha for any number of coders with missing values.
 
     ``data`` is ``{unit: {coder: value}}`` or one row per coder with one entry per unit (``None``

@@ -189,7 +189,8 @@ def check_schema(existing: Mapping, wanted: Mapping) -> list[str]:
                                   f"dataset but the push needs it{hint}")
             for prop in sorted(set(spec) | set(have[name])):
                 if have[name].get(prop) != spec.get(prop):
-                    raise RecipeError(f"schema mismatch on re-push: {word} '{name}' has {_PROPERTY_WORD.get(prop, prop)} "
+                    what = _PROPERTY_WORD.get(prop, prop)
+                    raise RecipeError(f"schema mismatch on re-push: {word} '{name}' has {what} "
                                       f"{have[name].get(prop)!r} but the push needs {spec.get(prop)!r}{hint}")
         extra = sorted(set(have) - set(need))
         required_extra = [n for n in extra if section != "metadata" and have[n].get("required", True)]

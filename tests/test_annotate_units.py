@@ -123,7 +123,7 @@ def test_schema_mismatch_on_re_push_names_the_question_and_both_label_lists():
 def test_schema_mismatch_names_a_changed_field_type_or_metadata_type():
     with pytest.raises(RecipeError, match="field 'prompt' has type 'text' but the push needs 'chat'"):
         check_schema(review_schema(2), review_schema(2, conversational=True))
-    with pytest.raises(RecipeError, match="metadata property 'temperature' has type 'integer' but the push needs 'float'"):
+    with pytest.raises(RecipeError, match="property 'temperature' has type 'integer' but the push needs 'float'"):
         check_schema(review_schema(2, sampling={"temperature": 1}), review_schema(2, sampling={"temperature": 0.7}))
     with pytest.raises(RecipeError, match="field 'response_3' exists in the dataset"):
         check_schema(review_schema(3), review_schema(2))
@@ -167,7 +167,7 @@ def test_from_argilla_reads_sdk_records_with_responses(offline_client):
     users = ["00000000-0000-0000-0000-00000000000a", "00000000-0000-0000-0000-00000000000b"]
     item = build_record([{"role": "user", "content": "Name a colour."}], ["red", "blue", "green"],
                         ["r1", "r2", "r3"], {"temperature": 0.7})
-    ranking = [{"value": "response_2", "rank": 1}, {"value": "response_1", "rank": 2}, {"value": "response_3", "rank": 3}]
+    ranking = [{"value": f"response_{i}", "rank": rank} for i, rank in ((2, 1), (1, 2), (3, 3))]
     responses = [rg.Response("preference", ranking, user_id=u, status="submitted") for u in users]
     responses.append(rg.Response("rating", 4, user_id=users[0], status="submitted"))
     rec = rg.Record(id=item["id"], fields=item["fields"], metadata=item["metadata"], responses=responses)
@@ -284,6 +284,7 @@ def test_no_pairs_writes_no_run(runs):
 
 def test_dpo_recipe_validates_against_a_pulled_run(runs, sft_run):
     from conftest import tiny_recipe
+    from data.schemas import load_many, resolve_data
     from smolforge.registry import load_stage
 
     recs = [record(f"r{i}", vote("ann", "response_1"), vote("bob", "response_1"),
@@ -296,6 +297,8 @@ def test_dpo_recipe_validates_against_a_pulled_run(runs, sft_run):
     assert set(run.info["data_fingerprints"]) == {"data/prefs"}
     assert json.loads((run.path / "annotations.json").read_text())["ids"] == ["r0", "r1", "r2", "r3"]
     load_stage("dpo").validate(tiny_recipe("dpo", parent=sft_run.name, data=run.name), runs)
+    paths, data_run = resolve_data(run.name, runs, "prefs")  # what dpo reads: exactly the pulled rows
+    assert data_run.name == run.name and load_many(paths, "preference") == plain_rows
 
     chat_rows, chat_report = resolve(recs[4:])
     chat_run = write_preference_run(runs, "annotate-chat", chat_rows, chat_report, overwrite=True)
