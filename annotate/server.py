@@ -3,6 +3,7 @@
     with ArgillaServer(Path("runs/.argilla")) as server:      # migrate, owner, redis, server, worker
         client = rg.Argilla(api_url=server.url, api_key=server.api_key)
 
+    client = connect(server.url, server.api_key)               # ServiceError: unreachable / bad key
     serve(Path("runs/.argilla"), port=6900)                    # `smolforge annotate serve`: until SIGTERM
 
 argilla-server runs from its own venv (``.argilla-venv/``, ``make setup``; or ``SMOLFORGE_ARGILLA_VENV``)
@@ -204,3 +205,20 @@ def serve(home: Path, port: int | None = None) -> int:
         server.stop()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def connect(url: str, api_key: str):
+    """An ``argilla.Argilla`` client for ``url``; a ServiceError when the server is not reachable or
+    rejects the key (the key itself is never part of the message)."""
+    import argilla as rg
+    import httpx
+    from argilla._exceptions import ArgillaCredentialsError
+
+    try:
+        return rg.Argilla(api_url=url, api_key=api_key)
+    except ArgillaCredentialsError:
+        raise ServiceError(f"Argilla at {url} rejected the API key (HTTP 401); set ARGILLA_API_KEY to the "
+                           "owner's or an annotator's key") from None
+    except httpx.HTTPError as err:
+        raise ServiceError(f"Argilla is not reachable at {url} ({err}); start it with `smolforge annotate serve` "
+                           "or check the URL") from None

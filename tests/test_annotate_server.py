@@ -1,0 +1,137 @@
+"""The embedded Argilla server for real: private Redis, SQLite home, smolforge-sql search engine.
+
+Skipped when the argilla-server venv (``make setup``) or redis-server is missing.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from annotate.server import REPO, ArgillaServer, connect
+from smolforge.errors import ServiceError
+
+rg = pytest.importorskip("argilla")
+pytestmark = pytest.mark.skipif(
+    not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None,
+    reason="needs .argilla-venv and redis-server (make setup)")
+
+TEXTS = ["The capital of France is Paris.", "Berlin is the capital of Germany.",
+         "Paris Hilton is not a city.", "Madrid has good weather."]
+TOPICS = ["geo", "geo", "people", "weather"]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """``{"server": ArgillaServer, "home": Path}``; tests may restart it in place."""
+    home = tmp_path_factory.mktemp("argilla-home")
+    state = {"home": home, "server": ArgillaServer(home).start()}
+    print(f"\nArgilla cold start: {state['server'].ready_s:.1f} s")
+    yield state
+    state["server"].stop()
+
+
+def restart(state, kill_server: bool) -> float:
+    server = state["server"]
+    if kill_server:
+        os.kill(server.procs["server"].pid, signal.SIGKILL)
+        server.procs["server"].wait(timeout=10)
+    server.stop()
+    state["server"] = ArgillaServer(state["home"]).start()
+    return state["server"].ready_s
+
+
+def dataset_of(state):
+    client = connect(state["server"].url, state["server"].api_key)
+    return client, client.datasets(name="review", workspace="argilla")
+
+
+def ids(records) -> set[str]:
+    return {r.id for r in records}
+
+
+def test_sdk_logs_searches_and_submits(live):
+    client = connect(live["server"].url, live["server"].api_key)
+    settings = rg.Settings(fields=[rg.TextField(name="text")],
+                           questions=[rg.LabelQuestion(name="label", labels=["good", "bad"])],
+                           metadata=[rg.TermsMetadataProperty(name="topic"), rg.IntegerMetadataProperty(name="n")])
+    dataset = rg.Dataset(name="review", workspace="argilla", settings=settings, client=client).create()
+    dataset.records.log([rg.Record(id=f"r{i}", fields={"text": t}, metadata={"topic": TOPICS[i], "n": i})
+                         for i, t in enumerate(TEXTS)])
+
+    assert ids(dataset.records(query=rg.Query(query="paris"))) == {"r0", "r2"}
+    assert ids(dataset.records(query=rg.Query(query="paris capital"))) == {"r0"}
+    assert ids(dataset.records(query=rg.Query(query="par"))) == set()          # terms, not fragments
+    assert ids(dataset.records(query=rg.Query(filter=rg.Filter(("metadata.topic", "==", "geo"))))) == {"r0", "r1"}
+    assert ids(dataset.records(query=rg.Query(filter=rg.Filter(("metadata.n", ">=", 2))))) == {"r2", "r3"}
+    pending = rg.Query(filter=rg.Filter(("response.status", "==", "pending")))
+    assert ids(dataset.records(query=pending)) == {"r0", "r1", "r2", "r3"}
+
+    record = next(iter(dataset.records(query=rg.Query(filter=rg.Filter(("id", "==", "r1"))))))
+    record.responses.add(rg.Response("label", "good", user_id=client.me.id, status="submitted"))
+    dataset.records.log([record])
+
+    submitted = rg.Query(filter=rg.Filter(("response.status", "==", "submitted")))
+    assert ids(dataset.records(query=submitted)) == {"r1"}
+    assert ids(dataset.records(query=pending)) == {"r0", "r2", "r3"}
+    assert ids(dataset.records(query=rg.Query(query="capital", filter=rg.Filter(
+        ("response.status", "==", "pending"))))) == {"r0"}
+    progress = dataset.progress()
+    assert (progress["total"], progress["completed"], progress["pending"]) == (4, 1, 3)
+
+
+def submitted_answers(state) -> dict:
+    _, dataset = dataset_of(state)
+    return {r.id: [(a.value, getattr(a.status, "value", a.status)) for a in r.responses]
+            for r in dataset.records(with_responses=True) if r.responses}
+
+
+def test_response_survives_sigterm_restart(live):
+    before = submitted_answers(live)
+    assert before == {"r1": [("good", "submitted")]}
+    print(f"\nArgilla warm start (after SIGTERM): {restart(live, kill_server=False):.1f} s")
+    assert submitted_answers(live) == before
+
+
+def test_response_survives_sigkill_restart(live):
+    client, dataset = dataset_of(live)
+    record = next(iter(dataset.records(query=rg.Query(filter=rg.Filter(("id", "==", "r3"))))))
+    record.responses.add(rg.Response("label", "bad", user_id=client.me.id, status="submitted"))
+    dataset.records.log([record])
+    before = submitted_answers(live)
+    print(f"\nArgilla warm start (after SIGKILL): {restart(live, kill_server=True):.1f} s")
+    assert submitted_answers(live) == before == {"r1": [("good", "submitted")], "r3": [("bad", "submitted")]}
+    _, dataset = dataset_of(live)
+    assert dataset.progress()["completed"] == 2
+
+
+def test_wrong_api_key_is_a_clear_error(live):
+    with pytest.raises(ServiceError, match="rejected the API key") as err:
+        connect(live["server"].url, "not-the-key")
+    assert "not-the-key" not in str(err.value)
+
+
+def test_unreachable_server_is_a_clear_error():
+    from annotate.server import free_port
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServiceError, match=f"not reachable at {url}"):
+        connect(url, "argilla.apikey")
+
+
+def test_api_key_never_in_logs(live):
+    for log in (live["home"] / "logs").glob("*.log"):
+        assert live["server"].api_key not in log.read_text(errors="replace"), log
+
+
+def test_stop_leaves_no_process(tmp_path):
+    server = ArgillaServer(tmp_path / "home").start()
+    pids = [p.pid for p in server.procs.values()]
+    server.stop()
+    time.sleep(0.2)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (tmp_path / "home" / "tmp").exists()
