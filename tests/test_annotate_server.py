@@ -108,6 +108,70 @@ def test_response_survives_sigkill_restart(live):
     assert dataset.progress()["completed"] == 2
 
 
+def test_status_filters_are_per_user(live):
+    client, dataset = dataset_of(live)
+    user = rg.User(username="ann", password="annotator-pass", role="annotator", client=client).create()
+    client.workspaces("argilla").add_user(user)
+    import httpx
+    key = httpx.get(f"{live['server'].url}/api/v1/users/{user.id}",
+                    headers={"X-Argilla-Api-Key": live["server"].api_key}).json()["api_key"]
+    server_ids = {r.id: r._server_id for r in dataset.records}
+    for external_id, status, value in (("r0", "discarded", "bad"), ("r2", "draft", "good")):
+        reply = httpx.post(f"{live['server'].url}/api/v1/records/{server_ids[external_id]}/responses",  # as the UI
+                           json={"values": {"label": {"value": value}}, "status": status},
+                           headers={"X-Argilla-Api-Key": key})
+        assert reply.status_code == 201, reply.text
+
+    def ui_hits(filters, query=None):               # what the annotation UI asks: /me/…/records/search
+        body = {"filters": {"and": filters}}
+        if query:
+            body["query"] = {"text": {"q": query}}
+        reply = httpx.post(f"{live['server'].url}/api/v1/me/datasets/{dataset.id}/records/search",
+                           json=body, headers={"X-Argilla-Api-Key": key})
+        assert reply.status_code == 200, reply.text
+        return {item["record"]["external_id"] for item in reply.json()["items"]}
+
+    def status(*values):
+        return {"type": "terms", "scope": {"entity": "response", "property": "status"}, "values": list(values)}
+
+    assert ui_hits([status("pending")]) == {"r1", "r3"}
+    assert ui_hits([status("discarded")]) == {"r0"}
+    assert ui_hits([status("draft", "pending")]) == {"r1", "r2", "r3"}
+    assert ui_hits([status("pending")], query="capital") == {"r1"}
+    assert ui_hits([{"type": "terms", "scope": {"entity": "response", "question": "label"}, "values": ["good"]}]) \
+        == {"r2"}
+
+    def hits(status):                 # the SDK's dataset search spans every user (as with Elasticsearch)
+        return ids(dataset.records(query=rg.Query(filter=rg.Filter(("response.status", "in", status)))))
+
+    assert hits(["pending"]) == set()                # pending there = no response from anyone
+    assert hits(["submitted"]) == {"r1", "r3"}
+    assert hits(["discarded", "draft"]) == {"r0", "r2"}
+
+def test_sort_offset_limit_through_the_api(live):
+    import httpx
+    _, dataset = dataset_of(live)
+    body = {"sort": [{"scope": {"entity": "metadata", "metadata_property": "n"}, "order": "desc"}]}
+    reply = httpx.post(f"{live['server'].url}/api/v1/datasets/{dataset.id}/records/search",
+                       params={"offset": 1, "limit": 2}, json=body,
+                       headers={"X-Argilla-Api-Key": live["server"].api_key})
+    reply.raise_for_status()
+    got = reply.json()
+    assert got["total"] == 4
+    assert [item["record"]["external_id"] for item in got["items"]] == ["r2", "r1"]
+
+
+def test_worker_recomputes_status_when_distribution_changes(live):
+    _, dataset = dataset_of(live)
+    assert dataset.progress()["completed"] == 2
+    dataset.settings.distribution = rg.TaskDistribution(min_submitted=2)
+    dataset.update()                         # the server queues a job; the rq worker recomputes each record
+    deadline = time.time() + 30
+    while dataset.progress()["completed"] != 0 and time.time() < deadline:
+        time.sleep(0.5)
+    assert dataset.progress()["completed"] == 0
+
+
 def test_wrong_api_key_is_a_clear_error(live):
     with pytest.raises(ServiceError, match="rejected the API key") as err:
         connect(live["server"].url, "not-the-key")
