@@ -13,7 +13,7 @@ runs without persistence; only the background job queue lives there. Search is t
 Elasticsearch (or OpenSearch, with ``ARGILLA_SEARCH_ENGINE=opensearch``) is used.
 The owner ``argilla`` gets the API key ``ARGILLA_API_KEY`` (the demo default ``argilla.apikey``
 otherwise) and the password ``ARGILLA_PASSWORD`` (default ``12345678``); neither is ever logged.
-Logs: ``<home>/logs/{redis,prepare,server,worker}.log``. Failures are ServiceError with the log's end.
+Logs: ``<home>/logs/{redis,server,worker}.log``. Failures are ServiceError with the log's end.
 """
 from __future__ import annotations
 
@@ -110,15 +110,9 @@ class ArgillaServer:
         try:
             self._spawn("redis", [redis, "--bind", "127.0.0.1", "--port", str(self.redis_port), "--save", "",
                                   "--appendonly", "no", "--dir", str(self.tmp)])
-            env = self.env()
+            env = self.env()  # the server migrates the database and creates the owner before serving
             env.update(SMOLFORGE_ARGILLA_OWNER_KEY=self.api_key, SMOLFORGE_ARGILLA_OWNER_PASSWORD=self.password)
-            prepare = self._spawn("prepare", [str(python), str(LAUNCHER), "prepare"], env)
-            if prepare.wait(timeout=self.ready_timeout) != 0:
-                raise ServiceError(f"preparing the Argilla database in {self.home} failed (exit "
-                                   f"{prepare.returncode}); end of {self.logs / 'prepare.log'}:\n"
-                                   f"{_tail(self.logs / 'prepare.log')}")
-            self.procs.pop("prepare")
-            self._spawn("server", [str(python), str(LAUNCHER), "server", "--port", str(self.port)])
+            self._spawn("server", [str(python), str(LAUNCHER), "server", "--port", str(self.port)], env)
             self._spawn("worker", [str(python), str(LAUNCHER), "worker"])
             self._wait_ready(started)
         except BaseException:
@@ -152,7 +146,7 @@ class ArgillaServer:
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM worker, server, then redis by PID (process group); SIGKILL after ``grace`` s."""
-        for name in ("worker", "server", "prepare", "redis"):
+        for name in ("worker", "server", "redis"):
             proc = self.procs.pop(name, None)
             if proc is None:
                 continue
