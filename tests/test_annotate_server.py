@@ -182,7 +182,7 @@ def test_unreachable_server_is_a_clear_error():
     from annotate.server import free_port
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServiceError, match=f"not reachable at {url}"):
-        connect(url, "argilla.apikey")
+        connect(url, os.environ.get("ARGILLA_API_KEY") or "argilla.apikey")
 
 
 def test_api_key_never_in_logs(live):
@@ -198,4 +198,47 @@ def test_stop_leaves_no_process(tmp_path):
     for pid in pids:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    assert not (tmp_path / "home" / "tmp").exists()
+
+
+def test_start_failure_names_the_log(tmp_path):
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        server = ArgillaServer(tmp_path / "home", port=busy.getsockname()[1], ready_timeout=60)
+        with pytest.raises(ServiceError, match=r"server process exited .*server\.log") as err:
+            server.start()
+    assert "address already in use" in str(err.value).lower()
+    assert not server.procs
+
+
+def test_users_search_engine_is_used_when_configured(tmp_path, monkeypatch):
+    monkeypatch.delenv("ARGILLA_SEARCH_ENGINE", raising=False)
+    assert ArgillaServer(tmp_path).env()["ARGILLA_SEARCH_ENGINE"] == "smolforge-sql"
+    monkeypatch.setenv("ARGILLA_ELASTICSEARCH", "http://127.0.0.1:9200")
+    assert ArgillaServer(tmp_path).env()["ARGILLA_SEARCH_ENGINE"] == "elasticsearch"
+    monkeypatch.setenv("ARGILLA_SEARCH_ENGINE", "opensearch")
+    assert ArgillaServer(tmp_path).env()["ARGILLA_SEARCH_ENGINE"] == "opensearch"
+    monkeypatch.setenv("ARGILLA_API_KEY", "secret-key")
+    assert "ARGILLA_API_KEY" not in ArgillaServer(tmp_path).env()
+
+
+def test_serve_runs_until_sigterm(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from annotate.server import "
+                             "serve; sys.exit(serve(Path(sys.argv[1])))", str(tmp_path / "home")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("Argilla at http://127.0.0.1:"), line
+        url = line.split()[2]
+        connect(url, os.environ.get("ARGILLA_API_KEY") or "argilla.apikey")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     assert not (tmp_path / "home" / "tmp").exists()
