@@ -172,6 +172,20 @@ def test_worker_recomputes_status_when_distribution_changes(live):
     assert dataset.progress()["completed"] == 0
 
 
+def test_metrics_the_ui_reads(live):
+    import httpx
+    _, dataset = dataset_of(live)
+    api = httpx.Client(base_url=f"{live['server'].url}/api/v1", headers={"X-Argilla-Api-Key": live["server"].api_key})
+    mine = api.get(f"/me/datasets/{dataset.id}/metrics").json()
+    assert mine == {"responses": {"total": 4, "submitted": 2, "discarded": 0, "draft": 0, "pending": 2}}
+    props = {p["name"]: p["id"] for p in api.get(f"/me/datasets/{dataset.id}/metadata-properties").json()["items"]}
+    topic = api.get(f"/metadata-properties/{props['topic']}/metrics").json()
+    assert topic["total"] == 4 and {v["term"]: v["count"] for v in topic["values"]} == \
+        {"geo": 2, "people": 1, "weather": 1}
+    assert {k: api.get(f"/metadata-properties/{props['n']}/metrics").json()[k] for k in ("min", "max")} == \
+        {"min": 0, "max": 3}
+
+
 def test_wrong_api_key_is_a_clear_error(live):
     with pytest.raises(ServiceError, match="rejected the API key") as err:
         connect(live["server"].url, "not-the-key")
