@@ -256,3 +256,12 @@ def test_serve_runs_until_sigterm(tmp_path):
             proc.kill()
             proc.wait()
     assert not (tmp_path / "home" / "tmp").exists()
+
+
+def test_search_engine_doctests_in_the_argilla_venv(tmp_path):
+    import subprocess
+    env = dict(os.environ, ARGILLA_HOME_PATH=str(tmp_path), TMPDIR=str(tmp_path))
+    done = subprocess.run([str(REPO / ".argilla-venv" / "bin" / "python"), "-m", "doctest", "-v",
+                           str(REPO / "annotate" / "search_engine.py")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "0 failed" in done.stdout
