@@ -16,6 +16,7 @@ Sort: the requested orders, else by score (text queries), then insertion order.
 from __future__ import annotations
 
 import re
+from datetime import datetime
 from typing import Any, Iterable, List, Optional, Union
 from uuid import UUID
 
@@ -84,9 +85,22 @@ def text_score(query: str, text: str) -> float | None:
     return score
 
 
+def _bound(value: Any, bound: Any) -> Any:
+    """A range bound comparable with ``value``: ISO strings become datetimes for date properties."""
+    if isinstance(value, datetime) and isinstance(bound, str):
+        parsed = datetime.fromisoformat(bound.replace("Z", "+00:00"))
+        return parsed.replace(tzinfo=None) if value.tzinfo is None else parsed
+    return bound
+
+
 def _in_range(value: Any, ge: Any, le: Any) -> bool:
+    """
+    >>> _in_range(datetime(2026, 1, 2), "2026-01-01T00:00:00Z", None), _in_range(3, 4, None), _in_range(None, 1, 2)
+    (True, False, False)
+    """
     if value is None:
         return False
+    ge, le = _bound(value, ge), _bound(value, le)
     try:
         return (ge is None or value >= ge) and (le is None or value <= le)
     except TypeError:
