@@ -6,6 +6,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.smolforge-installed
+ARGILLA_VENV ?= .argilla-venv
+ARGILLA_STAMP := $(ARGILLA_VENV)/.argilla-installed
 HAS_GPU := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo 1)
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 export HF_HUB_OFFLINE := 1
@@ -14,7 +16,9 @@ export TOKENIZERS_PARALLELISM := false
 
 .PHONY: setup demo test clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(ARGILLA_STAMP)
+	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server (embedded Argilla's job queue)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless: report screenshot test)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
@@ -31,6 +35,13 @@ endif
 	$(PIP) install --quiet -e ".[test]"
 	@touch $(STAMP)
 	@echo "smolforge installed in $(VENV)"
+
+# argilla-server 2.8 pins clash with the ML stack: it gets its own venv (annotate/server.py runs it).
+$(ARGILLA_STAMP):
+	@test -x $(ARGILLA_VENV)/bin/python || python3 -m venv $(ARGILLA_VENV)
+	$(ARGILLA_VENV)/bin/python -m pip install --quiet argilla-server==2.8.0 "click<8.2"
+	@touch $(ARGILLA_STAMP)
+	@echo "argilla-server installed in $(ARGILLA_VENV)"
 
 demo: setup
 	$(VENV)/bin/smolforge pipeline recipes/demo/pipeline.yaml --overwrite

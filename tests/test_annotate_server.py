@@ -1,0 +1,267 @@
+"""The embedded Argilla server for real: private Redis, SQLite home, smolforge-sql search engine.
+
+Skipped when the argilla-server venv (``make setup``) or redis-server is missing.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+
+import pytest
+
+from annotate.server import REPO, ArgillaServer, connect
+from smolforge.errors import ServiceError
+
+rg = pytest.importorskip("argilla")
+pytestmark = pytest.mark.skipif(
+    not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None,
+    reason="needs .argilla-venv and redis-server (make setup)")
+
+TEXTS = ["The capital of France is Paris.", "Berlin is the capital of Germany.",
+         "Paris Hilton is not a city.", "Madrid has good weather."]
+TOPICS = ["geo", "geo", "people", "weather"]
+
+
+@pytest.fixture(scope="module")
+def live(tmp_path_factory):
+    """``{"server": ArgillaServer, "home": Path}``; tests may restart it in place."""
+    home = tmp_path_factory.mktemp("argilla-home")
+    state = {"home": home, "server": ArgillaServer(home).start()}
+    print(f"\nArgilla cold start: {state['server'].ready_s:.1f} s")
+    yield state
+    state["server"].stop()
+
+
+def restart(state, kill_server: bool) -> float:
+    server = state["server"]
+    if kill_server:
+        os.kill(server.procs["server"].pid, signal.SIGKILL)
+        server.procs["server"].wait(timeout=10)
+    server.stop()
+    state["server"] = ArgillaServer(state["home"]).start()
+    return state["server"].ready_s
+
+
+def dataset_of(state):
+    client = connect(state["server"].url, state["server"].api_key)
+    return client, client.datasets(name="review", workspace="argilla")
+
+
+def ids(records) -> set[str]:
+    return {r.id for r in records}
+
+
+def test_sdk_logs_searches_and_submits(live):
+    client = connect(live["server"].url, live["server"].api_key)
+    settings = rg.Settings(fields=[rg.TextField(name="text")],
+                           questions=[rg.LabelQuestion(name="label", labels=["good", "bad"])],
+                           metadata=[rg.TermsMetadataProperty(name="topic"), rg.IntegerMetadataProperty(name="n")])
+    dataset = rg.Dataset(name="review", workspace="argilla", settings=settings, client=client).create()
+    dataset.records.log([rg.Record(id=f"r{i}", fields={"text": t}, metadata={"topic": TOPICS[i], "n": i})
+                         for i, t in enumerate(TEXTS)])
+
+    assert ids(dataset.records(query=rg.Query(query="paris"))) == {"r0", "r2"}
+    assert ids(dataset.records(query=rg.Query(query="paris capital"))) == {"r0"}
+    assert ids(dataset.records(query=rg.Query(query="par"))) == set()          # terms, not fragments
+    assert ids(dataset.records(query=rg.Query(filter=rg.Filter(("metadata.topic", "==", "geo"))))) == {"r0", "r1"}
+    assert ids(dataset.records(query=rg.Query(filter=rg.Filter(("metadata.n", ">=", 2))))) == {"r2", "r3"}
+    pending = rg.Query(filter=rg.Filter(("response.status", "==", "pending")))
+    assert ids(dataset.records(query=pending)) == {"r0", "r1", "r2", "r3"}
+
+    record = next(iter(dataset.records(query=rg.Query(filter=rg.Filter(("id", "==", "r1"))))))
+    record.responses.add(rg.Response("label", "good", user_id=client.me.id, status="submitted"))
+    dataset.records.log([record])
+
+    submitted = rg.Query(filter=rg.Filter(("response.status", "==", "submitted")))
+    assert ids(dataset.records(query=submitted)) == {"r1"}
+    assert ids(dataset.records(query=pending)) == {"r0", "r2", "r3"}
+    assert ids(dataset.records(query=rg.Query(query="capital", filter=rg.Filter(
+        ("response.status", "==", "pending"))))) == {"r0"}
+    progress = dataset.progress()
+    assert (progress["total"], progress["completed"], progress["pending"]) == (4, 1, 3)
+
+
+def submitted_answers(state) -> dict:
+    _, dataset = dataset_of(state)
+    return {r.id: [(a.value, getattr(a.status, "value", a.status)) for a in r.responses]
+            for r in dataset.records(with_responses=True) if r.responses}
+
+
+def test_response_survives_sigterm_restart(live):
+    before = submitted_answers(live)
+    assert before == {"r1": [("good", "submitted")]}
+    print(f"\nArgilla warm start (after SIGTERM): {restart(live, kill_server=False):.1f} s")
+    assert submitted_answers(live) == before
+
+
+def test_response_survives_sigkill_restart(live):
+    client, dataset = dataset_of(live)
+    record = next(iter(dataset.records(query=rg.Query(filter=rg.Filter(("id", "==", "r3"))))))
+    record.responses.add(rg.Response("label", "bad", user_id=client.me.id, status="submitted"))
+    dataset.records.log([record])
+    before = submitted_answers(live)
+    print(f"\nArgilla warm start (after SIGKILL): {restart(live, kill_server=True):.1f} s")
+    assert submitted_answers(live) == before == {"r1": [("good", "submitted")], "r3": [("bad", "submitted")]}
+    _, dataset = dataset_of(live)
+    assert dataset.progress()["completed"] == 2
+
+
+def test_status_filters_are_per_user(live):
+    client, dataset = dataset_of(live)
+    user = rg.User(username="ann", password="annotator-pass", role="annotator", client=client).create()
+    client.workspaces("argilla").add_user(user)
+    import httpx
+    key = httpx.get(f"{live['server'].url}/api/v1/users/{user.id}",
+                    headers={"X-Argilla-Api-Key": live["server"].api_key}).json()["api_key"]
+    server_ids = {r.id: r._server_id for r in dataset.records}
+    for external_id, status, value in (("r0", "discarded", "bad"), ("r2", "draft", "good")):
+        reply = httpx.post(f"{live['server'].url}/api/v1/records/{server_ids[external_id]}/responses",  # as the UI
+                           json={"values": {"label": {"value": value}}, "status": status},
+                           headers={"X-Argilla-Api-Key": key})
+        assert reply.status_code == 201, reply.text
+
+    def ui_hits(filters, query=None):               # what the annotation UI asks: /me/…/records/search
+        body = {"filters": {"and": filters}}
+        if query:
+            body["query"] = {"text": {"q": query}}
+        reply = httpx.post(f"{live['server'].url}/api/v1/me/datasets/{dataset.id}/records/search",
+                           json=body, headers={"X-Argilla-Api-Key": key})
+        assert reply.status_code == 200, reply.text
+        return {item["record"]["external_id"] for item in reply.json()["items"]}
+
+    def status(*values):
+        return {"type": "terms", "scope": {"entity": "response", "property": "status"}, "values": list(values)}
+
+    assert ui_hits([status("pending")]) == {"r1", "r3"}
+    assert ui_hits([status("discarded")]) == {"r0"}
+    assert ui_hits([status("draft", "pending")]) == {"r1", "r2", "r3"}
+    assert ui_hits([status("pending")], query="capital") == {"r1"}
+    assert ui_hits([{"type": "terms", "scope": {"entity": "response", "question": "label"}, "values": ["good"]}]) \
+        == {"r2"}
+
+    def hits(status):                 # the SDK's dataset search spans every user (as with Elasticsearch)
+        return ids(dataset.records(query=rg.Query(filter=rg.Filter(("response.status", "in", status)))))
+
+    assert hits(["pending"]) == set()                # pending there = no response from anyone
+    assert hits(["submitted"]) == {"r1", "r3"}
+    assert hits(["discarded", "draft"]) == {"r0", "r2"}
+
+def test_sort_offset_limit_through_the_api(live):
+    import httpx
+    _, dataset = dataset_of(live)
+    body = {"sort": [{"scope": {"entity": "metadata", "metadata_property": "n"}, "order": "desc"}]}
+    reply = httpx.post(f"{live['server'].url}/api/v1/datasets/{dataset.id}/records/search",
+                       params={"offset": 1, "limit": 2}, json=body,
+                       headers={"X-Argilla-Api-Key": live["server"].api_key})
+    reply.raise_for_status()
+    got = reply.json()
+    assert got["total"] == 4
+    assert [item["record"]["external_id"] for item in got["items"]] == ["r2", "r1"]
+
+
+def test_worker_recomputes_status_when_distribution_changes(live):
+    _, dataset = dataset_of(live)
+    assert dataset.progress()["completed"] == 2
+    dataset.settings.distribution = rg.TaskDistribution(min_submitted=2)
+    dataset.update()                         # the server queues a job; the rq worker recomputes each record
+    deadline = time.time() + 30
+    while dataset.progress()["completed"] != 0 and time.time() < deadline:
+        time.sleep(0.5)
+    assert dataset.progress()["completed"] == 0
+
+
+def test_metrics_the_ui_reads(live):
+    import httpx
+    _, dataset = dataset_of(live)
+    api = httpx.Client(base_url=f"{live['server'].url}/api/v1", headers={"X-Argilla-Api-Key": live["server"].api_key})
+    mine = api.get(f"/me/datasets/{dataset.id}/metrics").json()
+    assert mine == {"responses": {"total": 4, "submitted": 2, "discarded": 0, "draft": 0, "pending": 2}}
+    props = {p["name"]: p["id"] for p in api.get(f"/me/datasets/{dataset.id}/metadata-properties").json()["items"]}
+    topic = api.get(f"/metadata-properties/{props['topic']}/metrics").json()
+    assert topic["total"] == 4 and {v["term"]: v["count"] for v in topic["values"]} == \
+        {"geo": 2, "people": 1, "weather": 1}
+    assert {k: api.get(f"/metadata-properties/{props['n']}/metrics").json()[k] for k in ("min", "max")} == \
+        {"min": 0, "max": 3}
+
+
+def test_wrong_api_key_is_a_clear_error(live):
+    with pytest.raises(ServiceError, match="rejected the API key") as err:
+        connect(live["server"].url, "not-the-key")
+    assert "not-the-key" not in str(err.value)
+
+
+def test_unreachable_server_is_a_clear_error():
+    from annotate.server import free_port
+    url = f"http://127.0.0.1:{free_port()}"
+    with pytest.raises(ServiceError, match=f"not reachable at {url}"):
+        connect(url, os.environ.get("ARGILLA_API_KEY") or "argilla.apikey")
+
+
+def test_api_key_never_in_logs(live):
+    for log in (live["home"] / "logs").glob("*.log"):
+        assert live["server"].api_key not in log.read_text(errors="replace"), log
+
+
+def test_stop_leaves_no_process(tmp_path):
+    server = ArgillaServer(tmp_path / "home").start()
+    pids = [p.pid for p in server.procs.values()]
+    server.stop()
+    time.sleep(0.2)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (tmp_path / "home" / "tmp").exists()
+
+
+def test_start_failure_names_the_log(tmp_path):
+    import socket
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        server = ArgillaServer(tmp_path / "home", port=busy.getsockname()[1], ready_timeout=60)
+        with pytest.raises(ServiceError, match=r"server process exited .*server\.log") as err:
+            server.start()
+    assert "address already in use" in str(err.value).lower()
+    assert not server.procs
+
+
+def test_users_search_engine_is_used_when_configured(tmp_path, monkeypatch):
+    monkeypatch.delenv("ARGILLA_SEARCH_ENGINE", raising=False)
+    assert ArgillaServer(tmp_path).env()["ARGILLA_SEARCH_ENGINE"] == "smolforge-sql"
+    monkeypatch.setenv("ARGILLA_ELASTICSEARCH", "http://127.0.0.1:9200")
+    assert ArgillaServer(tmp_path).env()["ARGILLA_SEARCH_ENGINE"] == "elasticsearch"
+    monkeypatch.setenv("ARGILLA_SEARCH_ENGINE", "opensearch")
+    assert ArgillaServer(tmp_path).env()["ARGILLA_SEARCH_ENGINE"] == "opensearch"
+    monkeypatch.setenv("ARGILLA_API_KEY", "secret-key")
+    assert "ARGILLA_API_KEY" not in ArgillaServer(tmp_path).env()
+
+
+def test_serve_runs_until_sigterm(tmp_path):
+    import subprocess
+    import sys
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from annotate.server import "
+                             "serve; sys.exit(serve(Path(sys.argv[1])))", str(tmp_path / "home")],
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("Argilla at http://127.0.0.1:"), line
+        url = line.split()[2]
+        connect(url, os.environ.get("ARGILLA_API_KEY") or "argilla.apikey")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert not (tmp_path / "home" / "tmp").exists()
+
+
+def test_search_engine_doctests_in_the_argilla_venv(tmp_path):
+    import subprocess
+    env = dict(os.environ, ARGILLA_HOME_PATH=str(tmp_path), TMPDIR=str(tmp_path))
+    done = subprocess.run([str(REPO / ".argilla-venv" / "bin" / "python"), "-m", "doctest", "-v",
+                           str(REPO / "annotate" / "search_engine.py")], env=env, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "0 failed" in done.stdout
