@@ -19,27 +19,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from smolforge.errors import ServiceError
+from smolforge.processes import free_port, http_ok, log_tail, run_until_signal, stop_group
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = Path(__file__).resolve().with_name("argilla_launch.py")
 DEMO_API_KEY = "argilla.apikey"
 DEMO_PASSWORD = "12345678"
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def argilla_python() -> Path:
@@ -50,13 +41,6 @@ def argilla_python() -> Path:
         raise ServiceError(f"argilla-server is not installed: {venv} is missing; run `make setup` "
                            "(it creates the venv with argilla-server==2.8.0)")
     return python
-
-
-def _tail(path: Path, lines: int = 25) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 class ArgillaServer:
@@ -129,42 +113,30 @@ class ArgillaServer:
                 if proc.poll() is not None:
                     raise ServiceError(f"Argilla's {name} process exited with code {proc.returncode} before the "
                                        f"server was ready; end of {self.logs / (name + '.log')}:\n"
-                                       f"{_tail(self.logs / (name + '.log'))}")
+                                       f"{log_tail(self.logs / (name + '.log'))}")
             if self.healthy():
                 return
             if time.perf_counter() - started > self.ready_timeout:
                 raise ServiceError(f"Argilla server not ready after {self.ready_timeout:.0f} s "
-                                   f"({self.url}/api/v1/status); end of {log}:\n{_tail(log)}")
+                                   f"({self.url}/api/v1/status); end of {log}:\n{log_tail(log)}")
             time.sleep(0.3)
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/api/v1/status", timeout=2) as reply:
-                return reply.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_ok(f"{self.url}/api/v1/status")
+
+    def check_alive(self) -> None:
+        """A ServiceError (with its log's end) when one of the processes has exited."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                raise ServiceError(f"Argilla's {name} process exited with code {proc.returncode}; end of "
+                                   f"{self.logs / (name + '.log')}:\n{log_tail(self.logs / (name + '.log'), 25)}")
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM worker, server, then redis by PID (process group); SIGKILL after ``grace`` s."""
         for name in ("worker", "server", "redis"):
             proc = self.procs.pop(name, None)
-            if proc is None:
-                continue
-            for sig in (signal.SIGTERM, signal.SIGKILL):
-                try:
-                    os.killpg(proc.pid, sig)
-                except ProcessLookupError:
-                    break
-                try:
-                    proc.wait(timeout=grace)
-                    break
-                except subprocess.TimeoutExpired:
-                    continue
-            try:  # leftovers in the group (rq's work horse, uvicorn children)
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait(timeout=grace)
+            if proc is not None:
+                stop_group(proc, grace)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self) -> "ArgillaServer":
@@ -177,28 +149,17 @@ class ArgillaServer:
 def serve(home: Path, port: int | None = None) -> int:
     """Run the embedded server until SIGINT/SIGTERM; prints one line when ready. Exit code 0."""
     server = ArgillaServer(home, port=port)
-    stopping = {"signal": None}
 
-    def on_signal(signum, _frame):
-        stopping["signal"] = signum
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    def start() -> None:
         print(f"starting Argilla in {server.home} (logs: {server.logs}) …", file=sys.stderr, flush=True)
         server.start()
         print(f"Argilla at {server.url} (owner 'argilla'; ready in {server.ready_s:.1f} s); Ctrl-C stops it",
               flush=True)
-        while stopping["signal"] is None:
-            for name, proc in server.procs.items():
-                if proc.poll() is not None:
-                    raise ServiceError(f"Argilla's {name} process exited with code {proc.returncode}; end of "
-                                       f"{server.logs / (name + '.log')}:\n{_tail(server.logs / (name + '.log'))}")
-            time.sleep(0.5)
-        return 0
+
+    try:
+        return run_until_signal(server.check_alive, start)
     finally:
         server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def connect(url: str, api_key: str):

