@@ -74,37 +74,35 @@ def reward_functions(names: list, runs: Runs) -> list[Callable]:
     return [resolve(name, runs) for name in names]
 
 
-def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool) -> str:
-    """"trl-vllm" (TRL's own vLLM modes), "vllm-server" (our server via rollout_func) or "hf"."""
+def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool) -> tuple[str, str]:
+    """(backend, why) without side effects: "trl-vllm", "vllm-server" or "hf"; RecipeError when impossible."""
     from .generation import pick_backend
 
     if recipe.trainer.use_vllm:
-        log.info("rollouts: TRL's vLLM %s mode (trainer.use_vllm)", recipe.trainer.vllm_mode)
-        return "trl-vllm"
+        return "trl-vllm", f"TRL's vLLM {recipe.trainer.vllm_mode} mode (trainer.use_vllm)"
     backend = pick_backend(recipe.generation, model_dir)
     if backend == "vllm":
-        recipe.trainer.use_vllm, recipe.trainer.vllm_mode = True, "colocate"
-        log.info("rollouts: TRL's vLLM colocate mode")
-        return "trl-vllm"
+        return "trl-vllm", "TRL's vLLM colocate mode"
     if backend == "vllm-server" and not has_rollout_hook:
         if recipe.generation == "vllm":
             raise RecipeError("generation: vllm on CPU needs TRL's rollout_func hook, which this trainer lacks; "
                               "use generation: hf (or auto)")
-        log.info("rollouts: HF generate (this TRL trainer has no rollout hook for the vLLM server path)")
-        return "hf"
+        return "hf", "HF generate (this TRL trainer has no rollout hook for the vLLM server path)"
+    return backend, backend
+
+
+def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool) -> str:
+    """"trl-vllm" (TRL's own vLLM modes), "vllm-server" (our server via rollout_func) or "hf"; logged."""
+    backend, why = _choose_rollouts(recipe, model_dir, has_rollout_hook)
+    if backend == "trl-vllm" and not recipe.trainer.use_vllm:
+        recipe.trainer.use_vllm, recipe.trainer.vllm_mode = True, "colocate"
+    log.info("rollouts: %s", why)
     return backend
 
 
 def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> None:
     """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
-    from .generation import pick_backend
-
-    parent = model_parent(runs, recipe.parent)
-    if not recipe.trainer.use_vllm:
-        backend = pick_backend(recipe.generation, parent.model_dir)
-        if recipe.generation == "vllm" and backend == "vllm-server" and not has_rollout_hook:
-            raise RecipeError("generation: vllm on CPU needs TRL's rollout_func hook, which this trainer lacks; "
-                              "use generation: hf (or auto)")
+    _choose_rollouts(recipe, model_parent(runs, recipe.parent).model_dir, has_rollout_hook)
     if not 0 < recipe.heldout_fraction < 1:
         raise RecipeError(f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
     _, _, train, heldout = load_prompts(recipe, runs)

@@ -19,6 +19,7 @@ scored by generation and rules instead of lm-eval.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -96,14 +97,10 @@ def _max_length(model_dir) -> int | None:
     return config.get("max_position_embeddings")
 
 
-_MANAGERS: dict = {}
-
-
+@functools.lru_cache(maxsize=1)
 def _task_manager(factory):
     """lm-eval's task index, built once per process (≈6 s each time otherwise)."""
-    if "default" not in _MANAGERS:
-        _MANAGERS["default"] = factory()
-    return _MANAGERS["default"]
+    return factory()
 
 
 def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None = None,
