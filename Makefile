@@ -19,7 +19,7 @@ export TOKENIZERS_PARALLELISM := false
 setup: $(STAMP) $(ARGILLA_STAMP)
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server (embedded Argilla's job queue)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
-	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless: report screenshot test)"; \
+	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless: report screenshot and Argilla UI tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
 # Order matters (see docs/stack.md): torch first (the CPU wheel on disk), then vLLM's CPU build,
@@ -48,7 +48,7 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
-	$(PY) -m pytest -q --doctest-modules smolforge data pretrain alignment evals
+	$(PY) -m pytest -q --doctest-modules smolforge data pretrain alignment evals annotate --ignore=annotate/search_engine.py
 
 clean:
 	rm -rf runs .pytest_cache

@@ -247,10 +247,11 @@ def from_argilla(record: Any) -> dict:
 
 
 def write_preference_run(runs: Any, name: str, rows: list[dict], report: dict, parents: Sequence[Any] = (), *,
-                         recipe: Any = None, overwrite: bool = False) -> Any:
+                         recipe: Any = None, overwrite: bool = False, started_at: str | None = None) -> Any:
     """Write run ``name`` (stage ``annotate``): ``data/prefs/part-*.jsonl`` (what ``dpo``'s ``data:``
     reads), ``annotations.json`` (the report) and flat metrics. Rows are validated first; no rows
-    is a DataError and no run is created. ``parents`` are Runs or run names/folders.
+    is a DataError and no run is created. ``parents`` are Runs or run names/folders; ``started_at``
+    (UTC ISO time) dates the run from the push rather than from the pull.
     """
     from data.schemas import validate_row
     from data.shards import ShardWriter, files_fingerprint
@@ -264,6 +265,8 @@ def write_preference_run(runs: Any, name: str, rows: list[dict], report: dict, p
                         "wait for submitted answers and pull again")
     parent_runs = [runs.get(p) if isinstance(p, str) else p for p in parents]
     with runs.start("annotate", name, recipe=recipe, parents=parent_runs, overwrite=overwrite) as run:
+        if started_at:
+            run.info["started_at"] = started_at
         with ShardWriter(run.path / "data" / "prefs") as writer:
             for row in rows:
                 writer.write(row)

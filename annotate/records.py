@@ -117,7 +117,7 @@ def review_schema(k: int, *, conversational: bool = False, rating: bool = False,
     metadata = {f"run_{i}": {"type": "terms"} for i in range(1, k + 1)}
     for key, value in sorted((sampling or {}).items()):
         metadata[key] = {"type": _metadata_type(key, value)}
-    return {"fields": fields, "questions": questions, "metadata": metadata, "guidelines": guidelines,
+    return {"fields": fields, "questions": questions, "metadata": metadata, "guidelines": guidelines.strip(),
             "distribution": {"strategy": "overlap", "min_submitted": min_submitted}}
 
 
@@ -160,7 +160,7 @@ def schema_of(settings: Any) -> dict:
     metadata = {m["name"]: {"type": m["settings"]["type"]} for m in raw.get("metadata") or []}
     distribution = dict(raw.get("distribution") or {"strategy": "overlap", "min_submitted": 1})
     return {"fields": fields, "questions": questions, "metadata": metadata,
-            "guidelines": raw.get("guidelines"), "distribution": distribution}
+            "guidelines": (raw.get("guidelines") or "").strip(), "distribution": distribution}
 
 
 _WHAT = {"fields": "field", "questions": "question", "metadata": "metadata property"}

@@ -13,10 +13,12 @@ runs without persistence; only the background job queue lives there. Search is t
 Elasticsearch (or OpenSearch, with ``ARGILLA_SEARCH_ENGINE=opensearch``) is used.
 The owner ``argilla`` gets the API key ``ARGILLA_API_KEY`` (the demo default ``argilla.apikey``
 otherwise) and the password ``ARGILLA_PASSWORD`` (default ``12345678``); neither is ever logged.
-Logs: ``<home>/logs/{redis,server,worker}.log``. Failures are ServiceError with the log's end.
+Logs: ``<home>/logs/{redis,server,worker}.log``; ``<home>/server.json`` names the URL while it
+runs, so ``smolforge annotate push|pull`` find a server that ``smolforge annotate serve`` started. Failures are ServiceError with the log's end.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -26,11 +28,13 @@ from pathlib import Path
 
 from smolforge.errors import ServiceError
 from smolforge.processes import free_port, http_ok, log_tail, run_until_signal, stop_group
+from smolforge.runs import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
 LAUNCHER = Path(__file__).resolve().with_name("argilla_launch.py")
 DEMO_API_KEY = "argilla.apikey"
 DEMO_PASSWORD = "12345678"
+SERVER_FILE = "server.json"  # {"url", "pid", "server_pid"} while a server runs for the home folder
 
 
 def argilla_python() -> Path:
@@ -88,6 +92,10 @@ class ArgillaServer:
         if redis is None:
             raise ServiceError("redis-server is not installed; run `make setup` "
                                "(apt-get install redis-server)")
+        other = running_url(self.home)
+        if other is not None:
+            raise ServiceError(f"an Argilla server for {self.home} is already running at {other}; use it "
+                               "(push/pull find it) or stop it first")
         self.logs.mkdir(parents=True, exist_ok=True)
         self.tmp.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
@@ -103,6 +111,8 @@ class ArgillaServer:
             self.stop()
             raise
         self.ready_s = time.perf_counter() - started
+        write_json_atomic(self.home / SERVER_FILE, {"url": self.url, "pid": os.getpid(),
+                                                    "server_pid": self.procs["server"].pid})
         return self
 
     def _wait_ready(self, started: float) -> None:
@@ -133,17 +143,35 @@ class ArgillaServer:
 
     def stop(self, grace: float = 15.0) -> None:
         """SIGTERM worker, server, then redis by PID (process group); SIGKILL after ``grace`` s."""
+        owned = bool(self.procs)
         for name in ("worker", "server", "redis"):
             proc = self.procs.pop(name, None)
             if proc is not None:
                 stop_group(proc, grace)
         shutil.rmtree(self.tmp, ignore_errors=True)
+        if owned:
+            (self.home / SERVER_FILE).unlink(missing_ok=True)
 
     def __enter__(self) -> "ArgillaServer":
         return self.start()
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def running_url(home: Path) -> str | None:
+    """The URL of a server already running for ``home`` (``smolforge annotate serve``), or None.
+
+    >>> import tempfile
+    >>> running_url(Path(tempfile.mkdtemp())) is None
+    True
+    """
+    path = Path(home) / SERVER_FILE
+    try:
+        url = json.loads(path.read_text())["url"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return url if http_ok(f"{url}/api/v1/status") else None
 
 
 def serve(home: Path, port: int | None = None) -> int:

@@ -43,6 +43,7 @@ STAGE_EXAMPLES = {
     "rloo": "smolforge rloo --config recipes/demo/rloo.yaml --set rewards=[arith_verifier]",
     "ppo": "smolforge ppo --config recipes/demo/ppo.yaml --set ppo.steps=10",
     "eval": "smolforge eval sft-demo --suite embedded --check-parity",
+    "annotate": "smolforge annotate push --config recipes/demo/annotate.yaml",
 }
 
 
@@ -108,7 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
                            help="also score on BACKEND (default: endpoint) and compare per task and document")
             s.add_argument("--from", dest="from_file", metavar="FILE", help="eval stage: the task's local data")
             s.add_argument("--json", action="store_true", help="eval audit: print one JSON object")
-        s.add_argument("--config", required=name not in ("data", "eval"), metavar="FILE", help="stage recipe YAML")
+        if name == "annotate":  # `smolforge annotate serve|push|pull`; no verb: the pipeline step
+            s.add_argument("verb", nargs="?", choices=["serve", "push", "pull"],
+                           help="serve: run the embedded Argilla; push: generate and push records; pull: "
+                           "submitted answers → a preference run; none: push, wait, pull")
+            s.add_argument("--home", metavar="DIR", help="serve: the embedded server's folder (default <runs>/.argilla)")
+            s.add_argument("--port", type=int, help="serve: port (default: a free one)")
+        s.add_argument("--config", required=name not in ("data", "eval", "annotate"), metavar="FILE",
+                       help="stage recipe YAML")
         s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
         s.add_argument("--overwrite", action="store_true",
@@ -238,9 +246,13 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
             args.set = [f"run={args.target[0]}", *args.set]
         if args.check_parity:
             args.set = [*args.set, f"parity={args.check_parity}"]
-    if args.command == "eval" and not args.config:
+    if args.command == "annotate" and args.verb == "serve":
+        from annotate.server import serve
+
+        return serve(Path(args.home) if args.home else root / ".argilla", port=args.port)
+    if args.command in ("eval", "annotate") and not args.config:
         source = "command line"
-        stage, data = "eval", recipes.apply_overrides({}, args.set, source=source)
+        stage, data = args.command, recipes.apply_overrides({}, args.set, source=source)
     else:
         source = str(args.config)
         stage, data = recipes.load_recipe(args.config, args.set)
@@ -259,8 +271,14 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
         write_json_atomic(args.result_json, {"name": getattr(recipe, "name", None),
                                              "status": "validating"})
     runs = Runs(root)
-    module.validate(recipe, runs)
-    run = module.run(recipe, runs, overwrite=args.overwrite)
+    if args.command == "annotate" and args.verb == "push":
+        module.push_only(recipe, runs)
+        return 0
+    if args.command == "annotate" and args.verb == "pull":
+        run = module.pull_only(recipe, runs, overwrite=args.overwrite)
+    else:
+        module.validate(recipe, runs)
+        run = module.run(recipe, runs, overwrite=args.overwrite)
     if args.result_json:
         write_json_atomic(args.result_json, {"name": run.name, "path": str(run.path),
                                              "status": run.status})

@@ -373,6 +373,8 @@ def _is_score(key: str) -> bool:
         return False
     if key.startswith("redteam/") and key.count("/") >= 2:  # per category: in eval/redteam.json and the report
         return False
+    if key.startswith("annotate/"):  # the other counts are in the run's annotations.json
+        return key in ("annotate/rows", "annotate/agreement")
     return not key.endswith(("/random", "/stderr", "_stderr"))
 
 

@@ -39,6 +39,7 @@ STAGES: dict[str, str] = {
     "rloo": "alignment.rloo",
     "ppo": "alignment.ppo",
     "eval": "evals.stage",
+    "annotate": "annotate.stage",
 }
 # their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead)
 MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo")
@@ -84,7 +85,7 @@ def load_stage(name: str) -> ModuleType:
     >>> load_stage("nope")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: data, dpo, eval, grpo, orpo, ppo, pretrain, reward, rloo, sft)
+    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, dpo, eval, grpo, orpo, ppo, pretrain, reward, rloo, sft)
     """
     table = stages()
     if name not in table:

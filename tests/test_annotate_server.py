@@ -238,24 +238,29 @@ def test_users_search_engine_is_used_when_configured(tmp_path, monkeypatch):
     assert "ARGILLA_API_KEY" not in ArgillaServer(tmp_path).env()
 
 
-def test_serve_runs_until_sigterm(tmp_path):
+def test_annotate_serve_runs_until_sigterm_and_names_its_url(tmp_path):
+    import json
     import subprocess
     import sys
-    proc = subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; from annotate.server import "
-                             "serve; sys.exit(serve(Path(sys.argv[1])))", str(tmp_path / "home")],
+
+    from annotate.server import SERVER_FILE, running_url
+    proc = subprocess.Popen([sys.executable, "-m", "smolforge", "annotate", "serve", "--home", str(tmp_path / "home")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = proc.stdout.readline()
         assert line.startswith("Argilla at http://127.0.0.1:"), line
         url = line.split()[2]
+        assert json.loads((tmp_path / "home" / SERVER_FILE).read_text())["url"] == url == running_url(tmp_path / "home")
         connect(url, os.environ.get("ARGILLA_API_KEY") or "argilla.apikey")
+        with pytest.raises(ServiceError, match=f"already running at {url}"):   # one server per home
+            ArgillaServer(tmp_path / "home").start()
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not (tmp_path / "home" / "tmp").exists()
+    assert not (tmp_path / "home" / "tmp").exists() and not (tmp_path / "home" / SERVER_FILE).exists()
 
 
 def test_search_engine_doctests_in_the_argilla_venv(tmp_path):

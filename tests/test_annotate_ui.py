@@ -1,0 +1,154 @@
+"""The real Argilla web UI, driven in headless Chromium: an annotator signs in and judges a record.
+
+The dataset is built the way a push builds it (review_schema → build_settings, build_record →
+to_record); the browser is Debian's chromium driven by Playwright (no downloaded browser). The
+answer given in the UI is then read back through the SDK as the owner. A screenshot after the
+submit is kept under the pytest tmp dir and copied to .artifacts/annotate-ui.png; on a failure the
+page's screenshot and HTML go to .artifacts/annotate-ui-failure.{png,html}.
+
+Skipped when the argilla-server venv (``make setup``), redis-server, chromium or Playwright is missing.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import re
+import shutil
+import time
+
+import pytest
+
+from annotate.records import GUIDELINES, LABEL_TEXT, build_record, build_settings, review_schema, to_record
+from annotate.server import REPO, ArgillaServer, connect
+
+rg = pytest.importorskip("argilla")
+sync_api = pytest.importorskip("playwright.sync_api")
+CHROMIUM = shutil.which("chromium")
+pytestmark = pytest.mark.skipif(
+    not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None
+    or CHROMIUM is None,
+    reason="needs .argilla-venv, redis-server and chromium (make setup)")
+
+ARTIFACTS = REPO / ".artifacts"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+UI_TIMEOUT_MS = 20_000      # per step; a cold page load takes ≈1 s here
+ANNOTATOR, ANNOTATOR_PASSWORD = "ui-annotator", "ui-annotator-pass"
+SAMPLING = {"temperature": 0.7}
+ITEMS = [("What is the capital of France?", "Paris.", "Lyon."),
+         ("Name a primary colour.", "Red.", "Purple."),
+         ("How many legs does a spider have?", "Eight.", "Six.")]
+CHOICE = "response_2"       # not the option the UI focuses first: only the click can have chosen it
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    server = ArgillaServer(tmp_path_factory.mktemp("argilla-home")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def review(server):
+    """``(dataset, annotator, records by id)``: a 2-response review dataset and an annotator in its workspace."""
+    client = connect(server.url, server.api_key)
+    workspace = client.workspaces("argilla")
+    if workspace is None:                       # create_default makes it with the owner; a server might not
+        workspace = rg.Workspace(name="argilla", client=client).create()
+    annotator = rg.User(username=ANNOTATOR, password=ANNOTATOR_PASSWORD, role="annotator", client=client).create()
+    workspace.add_user(annotator)
+    dataset = rg.Dataset(name="review-ui", workspace="argilla", client=client,
+                         settings=build_settings(review_schema(2, sampling=SAMPLING))).create()
+    items = [build_record(prompt, [a, b], ["run-a", "run-b"], SAMPLING) for prompt, a, b in ITEMS]
+    dataset.records.log([to_record(item) for item in items])
+    return dataset, annotator, {item["id"]: item for item in items}
+
+
+@contextlib.contextmanager
+def evidence_on_failure(page):
+    """Re-raise any failure after saving the page's screenshot and HTML to .artifacts/."""
+    try:
+        yield
+    except BaseException:
+        ARTIFACTS.mkdir(exist_ok=True)
+        with contextlib.suppress(Exception):
+            page.screenshot(path=str(ARTIFACTS / "annotate-ui-failure.png"), full_page=True)
+        with contextlib.suppress(Exception):
+            (ARTIFACTS / "annotate-ui-failure.html").write_text(page.content())
+        raise
+
+
+def answers(dataset) -> dict:
+    """``{record id: [(user id, question, value, status)]}`` of every record that has a response."""
+    return {r.id: [(str(a.user_id), a.question_name, a.value, getattr(a.status, "value", a.status))
+                   for a in r.responses]
+            for r in dataset.records(with_responses=True) if list(r.responses)}
+
+
+def test_annotator_submits_a_preference_in_the_web_ui(server, review, tmp_path):
+    dataset, annotator, items = review
+    for stale in ARTIFACTS.glob("annotate-ui-failure.*"):          # evidence belongs to the latest run
+        stale.unlink()
+    expect = sync_api.expect
+
+    def visible(locator):
+        expect(locator).to_be_visible(timeout=UI_TIMEOUT_MS)
+
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            with evidence_on_failure(page):
+                page.goto(server.url)
+                page.get_by_label("Username").fill(ANNOTATOR)
+                page.get_by_label("Password").fill(ANNOTATOR_PASSWORD)
+                page.get_by_role("button", name="Sign in").click()
+                page.get_by_text("review-ui", exact=True).click()           # the dataset card on the home page
+
+                # the annotation view shows one record: its prompt and both responses, in the record's order
+                visible(page.get_by_text("Which response is better?"))
+                prompts = {rid: page.get_by_text(item["fields"]["prompt"], exact=True) for rid, item in items.items()}
+                any_prompt = functools.reduce(lambda a, b: a.or_(b), prompts.values())
+                visible(any_prompt.first)
+                shown = [rid for rid, prompt in prompts.items() if prompt.is_visible()]
+                assert len(shown) == 1, f"expected one record's prompt on screen, saw {len(shown)}"
+                record = items[shown[0]]
+                for slot in ("response_1", "response_2"):
+                    visible(page.get_by_text(record["fields"][slot], exact=True))
+
+                # the dataset's guidelines (markdown, rendered) open from the panel under the record
+                panels = page.get_by_role("button", name="Expand Panel").filter(visible=True)
+                panels.filter(has_text="Guidelines").click()
+                visible(page.get_by_text(GUIDELINES.splitlines()[0]).filter(visible=True))
+                visible(page.locator("strong", has_text="tie").filter(visible=True))      # **tie**
+
+                option = page.get_by_role("checkbox", name=LABEL_TEXT[CHOICE], include_hidden=True)
+                page.get_by_text(LABEL_TEXT[CHOICE], exact=True).click()
+                expect(option).to_be_checked(timeout=UI_TIMEOUT_MS)
+                page.get_by_role("button", name="Submit").click()
+
+                # the UI moves on to the next pending record and counts the submission
+                expect(prompts[record["id"]]).to_be_hidden(timeout=UI_TIMEOUT_MS)
+                counter = page.get_by_role("listitem").filter(has_text=re.compile("submitted", re.I))
+                expect(counter.filter(visible=True)).to_have_text(re.compile(r"submitted\s*1$", re.I),
+                                                                  timeout=UI_TIMEOUT_MS)
+                shot = tmp_path / "annotate-ui.png"
+                page.screenshot(path=str(shot))
+        finally:
+            browser.close()
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shutil.copyfile(shot, ARTIFACTS / "annotate-ui.png")
+    data = shot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, len(data)
+    from PIL import Image
+    image = Image.open(shot).convert("RGB")
+    assert image.size == (1280, 900)
+    assert len(image.getcolors(maxcolors=1 << 20)) > 100        # text and widgets, not a blank page
+
+    expected = {record["id"]: [(str(annotator.id), "preference", CHOICE, "submitted")]}
+    deadline = time.monotonic() + 10
+    while answers(dataset) != expected and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert answers(dataset) == expected
