@@ -1,5 +1,6 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   installs what is missing into .venv, then runs the whole pipeline on the embedded default
+#               (data → pretrain → SFT → DPO → GRPO, then the human loop: review in Argilla → DPO)
 #   make test   installs what is missing into .venv, then runs every test
 SHELL := /bin/bash
 VENV ?= .venv
@@ -45,6 +46,7 @@ $(ARGILLA_STAMP):
 
 demo: setup
 	$(VENV)/bin/smolforge pipeline recipes/demo/pipeline.yaml --overwrite
+	$(VENV)/bin/smolforge pipeline recipes/demo/human_loop.yaml --overwrite
 
 test: setup
 	$(PY) -m pytest -q tests

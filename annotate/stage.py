@@ -45,6 +45,8 @@ from .generate import SAMPLING_DEFAULTS, response_runs
 from .prompts import load_prompts
 
 log = logging.getLogger(__name__)
+for _chatty in ("argilla.sdk", "httpx"):  # one line per SDK call or HTTP request otherwise
+    logging.getLogger(_chatty).setLevel(logging.WARNING)
 
 GENERATION = ("auto", "hf", "vllm")
 
@@ -208,6 +210,8 @@ def push(recipe: Recipe, runs: Runs, url: str, api_key: str) -> tuple[dict, dict
     summary |= {"prompts": len(rows), "k": recipe.k, "runs": list(recipe.runs), "generation": backend,
                 "generation_s": round(generated_s, 2), "url": url}
     answers = {item["id"]: row["answer"] for item, row in zip(items, rows) if "answer" in row}
+    print(f"sampled {recipe.k} responses for each of {len(rows)} prompts with {backend} in {generated_s:.1f} s",
+          flush=True)
     print(f"pushed {summary['records']} records to {recipe.workspace}/{recipe.dataset} at {url} "
           f"({summary['new']} new, {summary['updated']} updated; {summary['total']} in the dataset)", flush=True)
     return summary, answers

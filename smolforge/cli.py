@@ -8,6 +8,7 @@
     smolforge serve dpo-demo
     smolforge compare sft-demo dpo-demo
     smolforge report dpo-demo
+    smolforge annotate serve
 
 Only stdlib and pyyaml are imported here; a stage module (and torch/TRL with it) is imported
 only when its command runs, so ``--help`` answers at once.
