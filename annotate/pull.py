@@ -230,7 +230,14 @@ def from_argilla(record: Any) -> dict:
     fields = record.fields
     k = sum(1 for name in fields if str(name).startswith("response_"))
     by_user: dict[str, dict] = {}
-    for response in record.responses:
+    # The server's own response models first: the SDK's Response objects turn a ranking into a plain
+    # list of names in submission order, dropping the ranks (and so the order and any ties).
+    raw = getattr(getattr(record, "_model", None), "responses", None) or []
+    for model in raw:
+        status = getattr(model.status, "value", model.status)
+        by_user[str(model.user_id)] = {"user_id": str(model.user_id), "status": status,
+                                       "values": {name: (v or {}).get("value") for name, v in (model.values or {}).items()}}
+    for response in ([] if raw else record.responses):  # a record built in memory
         status = getattr(response.status, "value", response.status)
         entry = by_user.setdefault(str(response.user_id), {"user_id": str(response.user_id), "status": status,
                                                           "values": {}})

@@ -236,3 +236,31 @@ def test_cli_errors_unreachable_wrong_key_and_schema_mismatch(loop, capsys, monk
     assert len(list(owner_dataset(loop).records)) == N
     logs = "".join(p.read_text(errors="replace") for p in (loop["runs"].root / ".argilla" / "logs").glob("*.log"))
     assert KEY not in logs and secret not in logs
+
+
+def test_rankings_keep_their_ranks_and_ties_through_the_server(loop, capsys):
+    """The SDK reads a ranking back as a bare list of names; the pull must use the stored ranks."""
+    from annotate.scripted import answer_all, records_to_answer, scripted_users
+
+    sets = push_args(loop, k=3, limit=3, dataset="loop-rank", name="prefs-rank", rating="true")
+    rc, out = cli(loop, "push", *sets, capsys=capsys)
+    assert rc == 0, out.err
+    records = sorted(records_to_answer(loop["url"], KEY, "loop-rank", "argilla"), key=lambda r: r["id"])
+    ranks = [[3, 1, 2], [2, 2, 1], [1, 1, 1]]    # a full order; a tie for last; all equal
+
+    def ranked(username, record):
+        order = ranks[records.index(next(r for r in records if r["id"] == record["id"]))]
+        return [{"value": f"response_{i}", "rank": rank} for i, rank in enumerate(order, start=1)], "submitted"
+
+    for _, key in scripted_users(loop["url"], KEY, "argilla", 2):
+        answer_all(loop["url"], key, records, ranked)
+    rc, out = cli(loop, "pull", *sets, capsys=capsys)
+    assert rc == 0, out.err
+    run = loop["runs"].get("prefs-rank")
+    report = json.loads((run.path / "annotations.json").read_text())
+    assert len(set(records[0]["responses"])) == 3, records[0]["responses"]   # seeded samples of 12 tokens
+    assert report["counts"] == {"used": 1, "tied": 2, "disagreed": 0, "discarded": 0, "pending": 0, "unusable": 0}
+    assert report["agreement"]["metric"] == "krippendorff_alpha_ordinal" and report["agreement"]["value"] == 1.0
+    row = json.loads((run.path / "data" / "prefs" / "part-00000.jsonl").read_text())
+    assert row["chosen"][0]["content"] == records[0]["responses"][1]     # rank 1: response_2
+    assert row["rejected"][0]["content"] == records[0]["responses"][0]   # rank 3: response_1
