@@ -2,6 +2,7 @@
 
     smolforge annotate serve                                    # the embedded Argilla, until Ctrl-C
     smolforge annotate push --config recipes/demo/annotate.yaml # generate k responses, push records
+    smolforge annotate status --config recipes/demo/annotate.yaml  # records done, answers per annotator
     smolforge annotate pull --config recipes/demo/annotate.yaml # submitted answers → a preference run
     smolforge annotate --config recipes/demo/annotate.yaml      # the pipeline step: push, wait, pull
 
@@ -329,6 +330,36 @@ def pull_only(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     check_recipe(recipe)
     with argilla(recipe, runs) as (url, api_key):
         return pull(recipe, runs, url, api_key, overwrite=overwrite)
+
+
+def progress_table(recipe: Recipe, url: str, api_key: str) -> str:
+    """The dataset's progress: records complete/pending, and each annotator's submitted, draft and
+    discarded answers (``smolforge annotate status``)."""
+    from smolforge.table import render_table
+
+    from .push import find_dataset
+    from .server import connect
+
+    dataset = find_dataset(connect(url, api_key), recipe.dataset, recipe.workspace)
+    if dataset is None:
+        raise RecipeError(f"no dataset '{recipe.dataset}' in workspace '{recipe.workspace}' at {url}; push first")
+    progress = dataset.progress(with_users_distribution=True)
+    rows = []
+    for user, done in sorted((progress.get("users") or {}).items()):
+        totals = {status: sum((done.get(part) or {}).get(status, 0) for part in ("completed", "pending"))
+                  for status in ("submitted", "draft", "discarded")}
+        rows.append([user, totals["submitted"], totals["draft"], totals["discarded"]])
+    head = (f"{recipe.workspace}/{recipe.dataset} at {url}: {progress['completed']} of {progress['total']} "
+            f"records complete ({recipe.annotators} submitted answers each), {progress['pending']} pending")
+    return head + ("\n" + render_table(["annotator", "submitted", "draft", "discarded"], rows) if rows else
+                   "\nno answers yet")
+
+
+def status_only(recipe: Recipe, runs: Runs) -> str:
+    """``smolforge annotate status``."""
+    check_recipe(recipe)
+    with argilla(recipe, runs) as (url, api_key):
+        return progress_table(recipe, url, api_key)
 
 
 def summary(run_: Run) -> str:

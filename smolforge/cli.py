@@ -111,9 +111,10 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--from", dest="from_file", metavar="FILE", help="eval stage: the task's local data")
             s.add_argument("--json", action="store_true", help="eval audit: print one JSON object")
         if name == "annotate":  # `smolforge annotate serve|push|pull`; no verb: the pipeline step
-            s.add_argument("verb", nargs="?", choices=["serve", "push", "pull"],
-                           help="serve: run the embedded Argilla; push: generate and push records; pull: "
-                           "submitted answers → a preference run; none: push, wait, pull")
+            s.add_argument("verb", nargs="?", choices=["serve", "push", "status", "pull"],
+                           help="serve: run the embedded Argilla; push: generate and push records; status: "
+                           "progress per annotator; pull: submitted answers → a preference run; none: push, "
+                           "wait, pull")
             s.add_argument("--home", metavar="DIR", help="serve: the embedded server's folder (default <runs>/.argilla)")
             s.add_argument("--port", type=int, help="serve: port (default: a free one)")
         s.add_argument("--config", required=name not in ("data", "eval", "annotate"), metavar="FILE",
@@ -274,6 +275,9 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
     runs = Runs(root)
     if args.command == "annotate" and args.verb == "push":
         module.push_only(recipe, runs)
+        return 0
+    if args.command == "annotate" and args.verb == "status":
+        print(module.status_only(recipe, runs))
         return 0
     if args.command == "annotate" and args.verb == "pull":
         run = module.pull_only(recipe, runs, overwrite=args.overwrite)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -145,6 +146,11 @@ def test_two_annotators_survive_restarts_and_pull_into_pairs_with_agreement(loop
     before = snapshot(loop, min_votes=2)
     restart(loop, kill_server=True)
     assert snapshot(loop, min_votes=2) == before
+
+    rc, out = cli(loop, "status", *push_args(loop), capsys=capsys)
+    assert rc == 0, out.err
+    assert re.search(rf"{first} +{N - 1} +0 +1\n{second} +{N - 2} +0 +1", out.out), out.out
+    assert f"of {N} records complete (2 submitted answers each)" in out.out
 
     rc, out = cli(loop, "pull", *push_args(loop), capsys=capsys)
     assert rc == 0, out.err
