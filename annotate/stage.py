@@ -286,7 +286,7 @@ def pull(recipe: Recipe, runs: Runs, url: str, api_key: str, *, overwrite: bool 
     report |= {"dataset": recipe.dataset, "workspace": recipe.workspace, "url": url,
                "pull_s": round(fetched_s, 2)} | (extra_report or {})
     parents: list[Any] = [runs.get(name) for name in recipe.runs if _exists(runs, name)]
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(Exception):  # best effort: the prompts may be gone since the push
         _, data_run = load_prompts(recipe.prompts, runs, recipe.limit)
         if data_run is not None:
             parents.append(data_run)
