@@ -26,10 +26,10 @@ from .records import build_settings, check_schema, schema_of, to_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["find_dataset", "ensure_dataset", "push_records"]
+__all__ = ["quiet", "find_dataset", "open_dataset", "ensure_dataset", "push_records"]
 
 
-def _quiet(call: Callable[[], Any]) -> Any:
+def quiet(call: Callable[[], Any]) -> Any:
     """The SDK warns (rather than returns quietly) when a lookup finds nothing."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -38,9 +38,19 @@ def _quiet(call: Callable[[], Any]) -> Any:
 
 def find_dataset(client: Any, name: str, workspace: str) -> Any:
     """The dataset ``name`` in ``workspace``, or None."""
-    if _quiet(lambda: client.workspaces(workspace)) is None:
+    if quiet(lambda: client.workspaces(workspace)) is None:
         return None
-    return _quiet(lambda: client.datasets(name=name, workspace=workspace))
+    return quiet(lambda: client.datasets(name=name, workspace=workspace))
+
+
+def open_dataset(url: str, api_key: str, name: str, workspace: str) -> Any:
+    """The dataset ``name`` at ``url``; a RecipeError that says to push first when it does not exist."""
+    from .server import connect
+
+    dataset = find_dataset(connect(url, api_key), name, workspace)
+    if dataset is None:
+        raise RecipeError(f"no dataset '{name}' in workspace '{workspace}' at {url}; push first")
+    return dataset
 
 
 def ensure_dataset(client: Any, name: str, workspace: str, schema: Mapping) -> tuple[Any, bool]:
@@ -59,7 +69,7 @@ def ensure_dataset(client: Any, name: str, workspace: str, schema: Mapping) -> t
             existing.update()
             log.info("push: dataset %s/%s: updated %s", workspace, name, " and ".join(changed))
         return existing, False
-    if _quiet(lambda: client.workspaces(workspace)) is None:
+    if quiet(lambda: client.workspaces(workspace)) is None:
         rg.Workspace(name=workspace, client=client).create()
         client.workspaces(workspace).add_user(client.me)
     dataset = rg.Dataset(name=name, workspace=workspace, settings=build_settings(schema), client=client)

@@ -57,17 +57,17 @@ def scripted_users(url: str, owner_key: str, workspace: str, count: int) -> list
     import argilla as rg
     import httpx
 
-    from .push import _quiet
+    from .push import quiet
     from .server import connect
 
     owner = connect(url, owner_key)
-    space = _quiet(lambda: owner.workspaces(workspace))
+    space = quiet(lambda: owner.workspaces(workspace))
     if space is None:
         raise RecipeError(f"scripted annotators: workspace '{workspace}' does not exist (push first)")
     out = []
     for i in range(1, count + 1):
         name = f"scripted-{i}"
-        user = _quiet(lambda: owner.users(name))
+        user = quiet(lambda: owner.users(name))
         if user is None:
             user = rg.User(username=name, password=SCRIPTED_PASSWORD, role="annotator", client=owner).create()
         if name not in {u.username for u in space.users}:
@@ -82,12 +82,9 @@ def scripted_users(url: str, owner_key: str, workspace: str, count: int) -> list
 def records_to_answer(url: str, owner_key: str, dataset_name: str, workspace: str) -> list[dict]:
     """``[{"server_id", "id", "responses", "answered_by"}]`` of every record (read with the owner's key:
     annotators may answer records but not list a dataset through the SDK)."""
-    from .push import find_dataset
-    from .server import connect
+    from .push import open_dataset
 
-    dataset = find_dataset(connect(url, owner_key), dataset_name, workspace)
-    if dataset is None:
-        raise RecipeError(f"scripted annotators: no dataset '{dataset_name}' in workspace '{workspace}'")
+    dataset = open_dataset(url, owner_key, dataset_name, workspace)
     out = []
     for record in dataset.records(with_responses=True):
         k = sum(1 for name in record.fields if str(name).startswith("response_"))

@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from smolforge.errors import ServiceError
-from smolforge.processes import free_port, http_ok, log_tail, run_until_signal, stop_group
+from smolforge.processes import free_port, http_ok, log_tail, run_until_signal, stop_group, wait_until_ready
 from smolforge.runs import write_json_atomic
 
 REPO = Path(__file__).resolve().parents[1]
@@ -116,20 +116,10 @@ class ArgillaServer:
         return self
 
     def _wait_ready(self, started: float) -> None:
-        log = self.logs / "server.log"
-        while True:
-            for name in ("redis", "server", "worker"):
-                proc = self.procs[name]
-                if proc.poll() is not None:
-                    raise ServiceError(f"Argilla's {name} process exited with code {proc.returncode} before the "
-                                       f"server was ready; end of {self.logs / (name + '.log')}:\n"
-                                       f"{log_tail(self.logs / (name + '.log'))}")
-            if self.healthy():
-                return
-            if time.perf_counter() - started > self.ready_timeout:
-                raise ServiceError(f"Argilla server not ready after {self.ready_timeout:.0f} s "
-                                   f"({self.url}/api/v1/status); end of {log}:\n{log_tail(log)}")
-            time.sleep(0.3)
+        watched = {f"Argilla's {name} process": (self.procs[name], self.logs / f"{name}.log")
+                   for name in ("server", "redis", "worker")}
+        wait_until_ready(f"{self.url}/api/v1/status", watched, what="Argilla server", started=started,
+                         timeout=self.ready_timeout, poll=0.3)
 
     def healthy(self) -> bool:
         return http_ok(f"{self.url}/api/v1/status")

@@ -201,10 +201,9 @@ def push(recipe: Recipe, runs: Runs, url: str, api_key: str) -> tuple[dict, dict
     model_dirs = {name: runs.get(name).model_dir for name in recipe.runs}
     backend = _backend(recipe, model_dirs)
     started = time.perf_counter()
-    responses = generate_responses(model_dirs, [row["prompt"] for row in rows], recipe.k,
-                                   dataclasses.asdict(recipe.sampling), backend=backend)
-    generated_s = time.perf_counter() - started
     sampling = dataclasses.asdict(recipe.sampling)
+    responses = generate_responses(model_dirs, [row["prompt"] for row in rows], recipe.k, sampling, backend=backend)
+    generated_s = time.perf_counter() - started
     items = [build_record(row["prompt"], texts, response_runs(recipe.runs, recipe.k), sampling)
              for row, texts in zip(rows, responses)]
     summary = push_records(client, recipe.dataset, recipe.workspace, schema, items)
@@ -246,10 +245,9 @@ def answer_scripted(recipe: Recipe, url: str, api_key: str, answers: dict[str, s
 
 def wait_for_answers(recipe: Recipe, url: str, api_key: str) -> dict:
     """Poll the dataset's progress until every record is completed or ``wait`` seconds have passed."""
-    from .push import find_dataset
-    from .server import connect
+    from .push import open_dataset
 
-    dataset = find_dataset(connect(url, api_key), recipe.dataset, recipe.workspace)
+    dataset = open_dataset(url, api_key, recipe.dataset, recipe.workspace)
     deadline = time.monotonic() + recipe.wait
     while True:
         progress = dataset.progress()
@@ -263,12 +261,9 @@ def wait_for_answers(recipe: Recipe, url: str, api_key: str) -> dict:
 def fetch(recipe: Recipe, url: str, api_key: str) -> list[dict]:
     """Every record of the dataset with its responses, as :func:`annotate.pull.resolve` reads them."""
     from .pull import from_argilla
-    from .push import find_dataset
-    from .server import connect
+    from .push import open_dataset
 
-    dataset = find_dataset(connect(url, api_key), recipe.dataset, recipe.workspace)
-    if dataset is None:
-        raise RecipeError(f"no dataset '{recipe.dataset}' in workspace '{recipe.workspace}' at {url}; push first")
+    dataset = open_dataset(url, api_key, recipe.dataset, recipe.workspace)
     return [from_argilla(record) for record in dataset.records(with_responses=True)]
 
 
@@ -337,12 +332,9 @@ def progress_table(recipe: Recipe, url: str, api_key: str) -> str:
     discarded answers (``smolforge annotate status``)."""
     from smolforge.table import render_table
 
-    from .push import find_dataset
-    from .server import connect
+    from .push import open_dataset
 
-    dataset = find_dataset(connect(url, api_key), recipe.dataset, recipe.workspace)
-    if dataset is None:
-        raise RecipeError(f"no dataset '{recipe.dataset}' in workspace '{recipe.workspace}' at {url}; push first")
+    dataset = open_dataset(url, api_key, recipe.dataset, recipe.workspace)
     progress = dataset.progress(with_users_distribution=True)
     rows = []
     for user, done in sorted((progress.get("users") or {}).items()):

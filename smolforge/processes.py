@@ -19,8 +19,10 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from .errors import ServiceError
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -45,6 +47,35 @@ def log_tail(path: str | Path, lines: int = 20) -> str:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no log)"
+
+
+def wait_until_ready(health_url: str, watched: Mapping[str, tuple[subprocess.Popen, Path]], *, what: str,
+                     started: float, timeout: float, poll: float = 0.5) -> None:
+    """Poll ``health_url`` until it answers 200. ``watched`` maps a label ("vLLM server for …") to its
+    process and log; one that exits first, or no answer within ``timeout`` seconds of ``started``
+    (a ``perf_counter`` time), is a ServiceError with the end of the log that explains it.
+
+    >>> import sys
+    >>> proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    >>> wait_until_ready("http://127.0.0.1:1/", {"toy server": (proc, Path("/no/such.log"))}, what="toy",
+    ...                  started=time.perf_counter(), timeout=30)
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.ServiceError: toy server exited with code 3 before it was ready; end of /no/such.log:
+    (no log)
+    """
+    while True:
+        for label, (proc, log) in watched.items():
+            if proc.poll() is not None:
+                raise ServiceError(f"{label} exited with code {proc.returncode} before it was ready; "
+                                   f"end of {log}:\n{log_tail(log)}")
+        if http_ok(health_url):
+            return
+        if time.perf_counter() - started > timeout:
+            log = next(iter(watched.values()))[1]
+            raise ServiceError(f"{what} not ready after {timeout:.0f} s ({health_url}); end of {log}:\n"
+                               f"{log_tail(log)}")
+        time.sleep(poll)
 
 
 def stop_group(proc: subprocess.Popen, grace: float = 20.0) -> None:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ServiceError
-from .processes import free_port, http_ok, log_tail, stop_group
+from .processes import free_port, http_ok, log_tail, stop_group, wait_until_ready
 
 __all__ = ["VLLMServer", "cpu_attention_supports", "cuda_present", "free_port", "server_env"]
 
@@ -120,16 +120,8 @@ class VLLMServer:
         return self
 
     def wait_ready(self, started: float) -> None:
-        while True:
-            if self.process.poll() is not None:
-                raise ServiceError(f"vLLM server for {self.model_dir} exited with code {self.process.returncode} "
-                                   f"before it was ready; end of {self.log_path}:\n{self.log_tail()}")
-            if self.healthy():
-                return
-            if time.perf_counter() - started > self.ready_timeout:
-                raise ServiceError(f"vLLM server for {self.model_dir} not ready after {self.ready_timeout:.0f} s "
-                                   f"({self.url}/health); end of {self.log_path}:\n{self.log_tail()}")
-            time.sleep(0.5)
+        wait_until_ready(f"{self.url}/health", {f"vLLM server for {self.model_dir}": (self.process, self.log_path)},
+                         what=f"vLLM server for {self.model_dir}", started=started, timeout=self.ready_timeout)
 
     def healthy(self) -> bool:
         return http_ok(f"{self.url}/health")
