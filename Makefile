@@ -50,7 +50,6 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest -q tests
-	$(PY) -m pytest -q --doctest-modules smolforge data pretrain alignment evals annotate --ignore=annotate/search_engine.py
 
 clean:
 	rm -rf runs .pytest_cache

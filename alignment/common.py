@@ -75,7 +75,7 @@ def model_parent(runs: Runs, ref: str) -> Run:
 def lineage_fingerprints(parents: list[Run], own: dict[str, list[Path]]) -> dict[str, str]:
     """The parents' data fingerprints plus those of the files this stage reads itself (several
     files, e.g. a data run's shards, get one fingerprint: sha256 of their bytes in order)."""
-    from data.shards import files_fingerprint
+    from smolforge.data.shards import files_fingerprint
 
     merged: dict[str, str] = {}
     for parent in parents:
@@ -125,7 +125,7 @@ STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference"), "orpo": ("
 
 def validate_inputs(stage: str, recipe, runs: Runs) -> None:
     """The parent has a model and every data row is valid, before any run folder exists."""
-    from data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import load_many, resolve_data
 
     kind, schema = STAGE_DATA[stage]
     model_parent(runs, recipe.parent)
@@ -163,7 +163,7 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     """
     from datasets import Dataset
 
-    from data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import load_many, resolve_data
 
     kind, schema = STAGE_DATA[stage]
     parent = model_parent(runs, recipe.parent)

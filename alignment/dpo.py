@@ -160,7 +160,7 @@ def check_completions(paths: list[Path]) -> None:
     The row schema already refuses empty plain strings and identical chosen/rejected; a message
     list only needs string contents there, so ``[{"role": "assistant", "content": ""}]`` passes it.
     """
-    from data.jsonl import read_jsonl
+    from smolforge.data.jsonl import read_jsonl
 
     for path in paths:
         for line_no, row in read_jsonl(path):
@@ -176,7 +176,7 @@ def check_completions(paths: list[Path]) -> None:
 
 def validate_preferences(stage: str, recipe, runs: Runs) -> None:
     """Parent model and preference rows (schema, then non-empty answers) of a preference stage."""
-    from data.schemas import resolve_data
+    from smolforge.data.schemas import resolve_data
 
     validate_inputs(stage, recipe, runs)
     paths, _ = resolve_data(recipe.data, runs, "prefs")

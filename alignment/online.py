@@ -3,15 +3,15 @@
 A stage reads a parent run's model and a data run's ``prompts`` kind (``{"prompt", "answer"}``
 rows; or a ``.jsonl`` of such rows), holds out ``heldout_fraction`` of the prompts (a seeded
 shuffle), resolves the recipe's ``rewards:`` (short names, ``module:function`` or ``run:<reward
-run>``, see :mod:`alignment.rewards`) and trains with TRL. Before and after training the policy
+run>``, see :mod:`smolforge.alignment.rewards`) and trains with TRL. Before and after training the policy
 answers the held-out prompts greedily; the mean verifier reward of both lands in run.json as
 ``rl/heldout_reward_before`` and ``rl/heldout_reward_after``, which is how a recipe shows RL helped.
 
-Generation (``generation:``, chosen by :func:`alignment.generation.pick_backend`, logged once):
+Generation (``generation:``, chosen by :func:`smolforge.alignment.generation.pick_backend`, logged once):
 ``trainer.use_vllm: true`` hands rollouts to TRL's own vLLM modes as configured. Otherwise
 ``auto`` picks TRL's colocate mode on a CUDA GPU with vLLM; on a CPU machine with vLLM's CPU
 build, GRPO samples from a vLLM server that holds the policy (TRL's ``rollout_func`` hook,
-weights reloaded in place after each optimizer step, :mod:`alignment.vllm_rollouts`); RLOO has
+weights reloaded in place after each optimizer step, :mod:`smolforge.alignment.vllm_rollouts`); RLOO has
 no such hook in TRL and generates with HF there. Elsewhere, HF ``generate``.
 
     >>> sorted(OnlineRecipe().__dataclass_fields__)[:3]
@@ -44,7 +44,7 @@ class OnlineRecipe:
     rewards: list = field(default_factory=lambda: ["answer_match"])  # reward functions or run:<reward run>
     heldout_fraction: float = 0.2     # prompts kept out of training to measure the reward before/after
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
-    generation: str = "auto"          # rollout backend: auto, hf or vllm (see alignment.generation)
+    generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.alignment.generation)
 
 
 def online_defaults(**overrides) -> dict:
@@ -57,7 +57,7 @@ def online_defaults(**overrides) -> dict:
 
 def load_prompts(recipe, runs: Runs):
     """(paths, data run or None, train rows, held-out rows) for the recipe's ``data``."""
-    from data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import load_many, resolve_data
 
     paths, data_run = resolve_data(recipe.data, runs, "prompts")
     rows = load_many(paths, "prompt")
@@ -146,7 +146,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
 
-    from data.jsonl import write_jsonl
+    from smolforge.data.jsonl import write_jsonl
 
     from .rewards import mean_reward
 

@@ -6,7 +6,7 @@
 
 Reads a parent run (an SFT model) and RL prompts (a data run's ``prompts`` kind: ``{"prompt",
 "answer"}`` rows, or a ``.jsonl`` of them), like the GRPO and RLOO stages, with the same reward
-functions (``rewards:``, TRL's signature, see :mod:`alignment.rewards`) and the same held-out
+functions (``rewards:``, TRL's signature, see :mod:`smolforge.alignment.rewards`) and the same held-out
 split; ``rl/heldout_reward_before`` / ``rl/heldout_reward_after`` in run.json are the mean
 verifier reward of greedy answers to the held-out prompts. ``model/`` is a plain HF model.
 
@@ -17,17 +17,17 @@ that trainer (itself following "The N Implementation Details of RLHF with PPO", 
 TRL's log-softmax/entropy kernels and its ``unwrap_model_for_generation``. One step:
 
 1. sample ``batch_size`` training prompts (shuffled epochs of the split) and generate one
-   completion each with the policy (:mod:`alignment.generation`; temperature sampling from the
+   completion each with the policy (:mod:`smolforge.alignment.generation`; temperature sampling from the
    full softmax, stopping at eos). With vLLM installed (``generation: auto``) a vLLM server
    holds the policy and samples; its weights are reloaded in place before every rollout
-   (:mod:`alignment.vllm_rollouts`); otherwise HF ``generate``;
+   (:mod:`smolforge.alignment.vllm_rollouts`); otherwise HF ``generate``;
 2. score each completion: the weighted sum of the reward functions (None = "does not apply"
    adds nothing), minus ``missing_eos_penalty`` when it never ended;
 3. with one forward each (no gradients) take the log-probs of the sampled tokens under the
    policy and the reference, and the value of every response position; logits are divided by
    the sampling temperature first so the log-probs are those of the distribution sampled from;
 4. per-token rewards: −β·KL_t on every response token (eos included), plus the score on the
-   last token (:func:`~alignment.ppo_math.token_rewards`); KL_t is the ``k1`` estimator
+   last token (:func:`~smolforge.alignment.ppo_math.token_rewards`); KL_t is the ``k1`` estimator
    log π − log π_ref by default (``k3`` optional); β is fixed or adaptive (``target_kl``);
 5. optionally scale (not shift) the rewards to unit variance over the batch (``whiten_rewards``);
 6. GAE (γ, λ) over the response tokens, bootstrapping 0 after the last one; advantages are then
@@ -105,9 +105,9 @@ class PPOSpec:
 @dataclass
 class Recipe(OnlineRecipe):
     name: str = "ppo-demo"            # run name
-    # parent, data, rewards, heldout_fraction, eval_max_new_tokens: see alignment.online.OnlineRecipe
+    # parent, data, rewards, heldout_fraction, eval_max_new_tokens: see smolforge.alignment.online.OnlineRecipe
     reward_weights: list | None = None  # one weight per reward (default: 1 each); the score is the weighted sum
-    generation: str = "auto"          # rollout backend: auto, hf or vllm (see alignment.generation)
+    generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.alignment.generation)
     ppo: PPOSpec = field(default_factory=PPOSpec)  # the PPO loop's settings
 
 
@@ -152,7 +152,7 @@ def _check_numbers(recipe: Recipe) -> None:
 
 def load_prompts(recipe: Recipe, runs: Runs):
     """(paths, data run or None, train rows, held-out rows): GRPO's split for the same seed."""
-    from data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import load_many, resolve_data
 
     paths, data_run = resolve_data(recipe.data, runs, "prompts")
     rows = load_many(paths, "prompt")
@@ -542,7 +542,7 @@ def _gathered(models: Models):
 
 
 def heldout_reward(models: Models, rows: list[dict], reward_fns: list, max_new_tokens: int) -> tuple[float, list]:
-    """Mean verifier reward of greedy answers to ``rows`` (:func:`alignment.rewards.mean_reward`)."""
+    """Mean verifier reward of greedy answers to ``rows`` (:func:`smolforge.alignment.rewards.mean_reward`)."""
     from trl.models.utils import unwrap_model_for_generation
 
     from .rewards import mean_reward
@@ -556,7 +556,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from accelerate import Accelerator
     from accelerate.utils import set_seed
 
-    from data.jsonl import write_jsonl
+    from smolforge.data.jsonl import write_jsonl
 
     from . import ppo_math as pm
     from .generation import pick_backend

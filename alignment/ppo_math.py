@@ -2,7 +2,7 @@
 
 Every tensor is ``[B, T]`` over *response* tokens, right-padded; ``mask`` (bool or 0/1) marks the
 valid ones, which are contiguous from position 0. Nothing here knows about models or tokenizers,
-so each piece is tested alone (tests/test_ppo_math.py) and :mod:`alignment.ppo` only wires them.
+so each piece is tested alone (tests/test_ppo_math.py) and :mod:`smolforge.alignment.ppo` only wires them.
 
     >>> import torch
     >>> mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)

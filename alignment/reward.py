@@ -8,7 +8,7 @@ preference pairs (a data run's ``data/prefs/`` shards or a JSONL file of
 ``{"prompt","chosen","rejected"}`` rows, plain or conversational). Holds out ``eval_fraction`` of
 the pairs (pairs that share a prompt stay on one side; deterministic for ``split_seed``), trains
 an ``AutoModelForSequenceClassification`` head (one label) on the rest, and writes a run whose
-``model/`` scores a prompt+completion (load it with ``alignment.rewards.RewardModelScorer``, or
+``model/`` scores a prompt+completion (load it with ``smolforge.alignment.rewards.RewardModelScorer``, or
 name it ``run:<name>`` as an RL reward). run.json holds ``reward/heldout_accuracy`` (share of
 held-out pairs with score(chosen) > score(rejected)) and ``reward/heldout_margin``, computed
 here on every held-out pair (ties count as wrong). ``lora:`` trains PEFT adapters plus the score
@@ -84,7 +84,7 @@ def split_pairs(rows: list[dict], eval_fraction: float, seed: int = 0) -> tuple[
 
 def _pairs(recipe: Recipe, runs: Runs):
     """(train rows, held-out rows, shard paths, data run or None), validated."""
-    from data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import load_many, resolve_data
 
     paths, data_run = resolve_data(recipe.data, runs, "prefs")
     rows = load_many(paths, "preference")

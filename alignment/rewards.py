@@ -211,7 +211,7 @@ def resolve(spec: str | RewardFn, runs=None) -> RewardFn:
     model, scored by :class:`RewardModelScorer`; found in ``runs``, default ``$SMOLFORGE_RUNS``
     or ./runs), or a callable.
 
-    >>> resolve("alignment.rewards:arith_verifier").__name__
+    >>> resolve("smolforge.alignment.rewards:arith_verifier").__name__
     'arith_verifier'
     >>> resolve("answer_mach")
     Traceback (most recent call last):

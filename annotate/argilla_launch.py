@@ -4,7 +4,7 @@
     .argilla-venv/bin/python annotate/argilla_launch.py worker               # rq worker (background jobs)
     .argilla-venv/bin/python annotate/argilla_launch.py prepare              # migrate + default owner
 
-Started by :class:`annotate.server.ArgillaServer`; the environment (``ARGILLA_HOME_PATH``,
+Started by :class:`smolforge.annotate.server.ArgillaServer`; the environment (``ARGILLA_HOME_PATH``,
 ``ARGILLA_REDIS_URL``, ``ARGILLA_SEARCH_ENGINE``…) comes from it. The smolforge-sql engine is
 imported only when ``ARGILLA_SEARCH_ENGINE`` asks for it.
 """

@@ -9,9 +9,9 @@
 
 With two runs the ``k`` slots alternate between them (k=2: one answer each, an A/B review). Each run
 samples its share with the recipe's settings (``temperature``, ``top_p``, ``max_new_tokens``,
-``seed``), through :func:`alignment.generation.generate`: batched HF ``generate`` in this process,
+``seed``), through :func:`smolforge.alignment.generation.generate`: batched HF ``generate`` in this process,
 or a vLLM server holding the run's model (``backend: vllm``; the GPU build or vLLM's CPU build,
-see :func:`alignment.generation.pick_backend`). The same seed gives the same texts on HF, so
+see :func:`smolforge.alignment.generation.pick_backend`). The same seed gives the same texts on HF, so
 pushing again updates the same records with the same responses.
 """
 from __future__ import annotations
@@ -44,15 +44,15 @@ def _sample_one_run(model_dir: Path, prompts: Sequence[Any], n: int, sampling: M
     import torch
     from transformers import AutoModelForCausalLM
 
-    from alignment.common import load_tokenizer
-    from alignment.generation import generate
+    from smolforge.alignment.common import load_tokenizer
+    from smolforge.alignment.generation import generate
 
     tokenizer = load_tokenizer(model_dir)
     kwargs = {"max_new_tokens": int(sampling["max_new_tokens"]), "temperature": float(sampling["temperature"]),
               "top_p": float(sampling["top_p"]), "do_sample": float(sampling["temperature"]) > 0,
               "num_return_sequences": n}
     if backend in ("vllm", "vllm-server"):
-        from alignment.vllm_rollouts import ServerRollouts
+        from smolforge.alignment.vllm_rollouts import ServerRollouts
 
         with tempfile.TemporaryDirectory(prefix="smolforge-push-") as workdir, \
                 ServerRollouts(model_dir, workdir, seed=int(sampling["seed"])) as rollouts:

@@ -21,8 +21,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from data.jsonl import read_jsonl
-from data.schemas import load_many, resolve_data, validate_row
+from smolforge.data.jsonl import read_jsonl
+from smolforge.data.schemas import load_many, resolve_data, validate_row
 from smolforge.errors import DataError, RecipeError
 
 __all__ = ["load_prompts", "suite_rows"]

@@ -260,8 +260,8 @@ def write_preference_run(runs: Any, name: str, rows: list[dict], report: dict, p
     is a DataError and no run is created. ``parents`` are Runs or run names/folders; ``started_at``
     (UTC ISO time) dates the run from the push rather than from the pull.
     """
-    from data.schemas import validate_row
-    from data.shards import ShardWriter, files_fingerprint
+    from smolforge.data.schemas import validate_row
+    from smolforge.data.shards import ShardWriter, files_fingerprint
     from smolforge.runs import write_json_atomic
 
     for i, row in enumerate(rows):

@@ -7,7 +7,7 @@
     # {"dataset": "review-demo", "workspace": "argilla", "records": 64, "new": 64, "updated": 0, ...}
 
 A dataset that exists already must hold the same fields, questions and metadata
-(:func:`annotate.records.check_schema`: a mismatch is a RecipeError naming what differs, and
+(:func:`smolforge.annotate.records.check_schema`: a mismatch is a RecipeError naming what differs, and
 nothing is logged); a changed guideline text or number of annotators per record is applied to
 it. Records are logged in batches with their stable ids, so an item pushed again updates its
 record (its submitted responses are kept) instead of adding a second one.
@@ -78,7 +78,7 @@ def ensure_dataset(client: Any, name: str, workspace: str, schema: Mapping) -> t
 
 def push_records(client: Any, name: str, workspace: str, schema: Mapping, items: Sequence[Mapping],
                  batch_size: int = 256) -> dict:
-    """Log ``items`` (:func:`annotate.records.build_record` dicts) into the dataset; a summary dict."""
+    """Log ``items`` (:func:`smolforge.annotate.records.build_record` dicts) into the dataset; a summary dict."""
     ids = [item["id"] for item in items]
     if len(set(ids)) != len(ids):
         raise RecipeError("push: two items share a record id (the same prompt, runs and sampling twice)")

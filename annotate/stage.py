@@ -9,10 +9,10 @@
 **Push** reads prompts (a ``.jsonl``, a data run's prompts, or ``suite:NAME[/TASK]``), samples
 ``k`` responses per prompt from one run (``runs: [sft-demo]``) or alternately from two
 (``runs: [sft-demo, dpo-demo]``: an A/B review), and creates or extends the Argilla dataset
-``dataset`` (:mod:`annotate.records`: prompt, responses, an A/B/tie or ranking question, optional
+``dataset`` (:mod:`smolforge.annotate.records`: prompt, responses, an A/B/tie or ranking question, optional
 rating and comment, run ids and sampling settings as metadata, guidelines, ``annotators`` per
 record). Record ids are stable, so pushing again adds no duplicates. **Pull** turns the
-submitted answers into ``prompt/chosen/rejected`` rows by the rule in :mod:`annotate.pull`, writes
+submitted answers into ``prompt/chosen/rejected`` rows by the rule in :mod:`smolforge.annotate.pull`, writes
 them as run ``name`` (``data/prefs/``, which a ``dpo`` step reads with ``data: <name>``) with
 ``annotations.json`` (counts of used, tied, disagreed, discarded and pending records, and
 inter-annotator agreement), and prints the counts.
@@ -21,7 +21,7 @@ The server: ``url:`` (with ``$ARGILLA_API_KEY``) for a team's Argilla; otherwise
 for ``home`` (default ``<runs>/.argilla``) — the one ``smolforge annotate serve`` runs, or one
 started for the length of the command. The pipeline step waits up to ``wait`` seconds for every
 record to have ``annotators`` submitted answers, then pulls what is there. ``scripted:`` (demo
-and tests) lets verifier-driven annotator users answer through the SDK (:mod:`annotate.scripted`).
+and tests) lets verifier-driven annotator users answer through the SDK (:mod:`smolforge.annotate.scripted`).
 
 Everything that can be checked before generating is checked first: the runs and prompts, the
 server (reachable, key accepted) and an existing dataset's schema.
@@ -84,7 +84,7 @@ class Recipe:
     min_votes: int | None = None      # submitted answers a record needs to be pulled (default: annotators)
     rating: bool = False              # also ask a 1-5 rating of the best response
     comment: bool = True              # an optional free-text comment
-    guidelines: str | None = None     # annotation guidelines (text, or a .md file); default: annotate.records
+    guidelines: str | None = None     # annotation guidelines (text, or a .md file); default: smolforge.annotate.records
     wait: float = 0.0                 # pipeline step: seconds to wait for every record to be answered
     poll: float = 10.0                # seconds between progress checks while waiting
     scripted: Scripted | None = None  # demo/tests: scripted annotators answer after the push
@@ -218,7 +218,7 @@ def push(recipe: Recipe, runs: Runs, url: str, api_key: str) -> tuple[dict, dict
 
 
 def _backend(recipe: Recipe, model_dirs: dict[str, Path]) -> str:
-    from alignment.generation import pick_backend
+    from smolforge.alignment.generation import pick_backend
 
     if recipe.generation == "hf":
         return "hf"
@@ -259,7 +259,7 @@ def wait_for_answers(recipe: Recipe, url: str, api_key: str) -> dict:
 
 
 def fetch(recipe: Recipe, url: str, api_key: str) -> list[dict]:
-    """Every record of the dataset with its responses, as :func:`annotate.pull.resolve` reads them."""
+    """Every record of the dataset with its responses, as :func:`smolforge.annotate.pull.resolve` reads them."""
     from .pull import from_argilla
     from .push import open_dataset
 

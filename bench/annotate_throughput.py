@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def synthetic_items(count: int, sampling: dict) -> list[dict]:
-    from annotate.records import build_record
+    from smolforge.annotate.records import build_record
 
     questions = [json.loads(line)["question"] for line in open(REPO / "evals/suites/embedded/instruct.jsonl")]
     items = []
@@ -49,12 +47,12 @@ def main() -> None:
     import logging
 
     logging.getLogger("argilla.sdk").setLevel(logging.WARNING)
-    from annotate.pull import resolve
-    from annotate.push import push_records
-    from annotate.records import review_schema
-    from annotate.scripted import answer_all, records_to_answer, scripted_users, verifier
-    from annotate.server import ArgillaServer, connect
-    from annotate.stage import Recipe, fetch
+    from smolforge.annotate.pull import resolve
+    from smolforge.annotate.push import push_records
+    from smolforge.annotate.records import review_schema
+    from smolforge.annotate.scripted import answer_all, records_to_answer, scripted_users, verifier
+    from smolforge.annotate.server import ArgillaServer, connect
+    from smolforge.annotate.stage import Recipe, fetch
 
     sampling = {"temperature": 0.8, "seed": 0}
     schema = review_schema(2, conversational=True, sampling=sampling, min_submitted=args.annotators)

@@ -14,18 +14,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from data.synthetic import duplicate_corpus  # noqa: E402
-from smolforge.recipe import build_stage_recipe, load_recipe  # noqa: E402
-from smolforge.registry import load_stage  # noqa: E402
-from smolforge.runs import Runs  # noqa: E402
-from smolforge.table import render_table  # noqa: E402
+from smolforge.data.synthetic import duplicate_corpus
+from smolforge.recipe import build_stage_recipe, load_recipe
+from smolforge.registry import load_stage
+from smolforge.runs import Runs
+from smolforge.table import render_table
 
 ROOT = Path(__file__).resolve().parents[1]
 

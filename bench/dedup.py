@@ -13,15 +13,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from data.dedup import DedupSpec, deduplicate  # noqa: E402
-from data.synthetic import duplicate_corpus  # noqa: E402
-from smolforge.table import render_table  # noqa: E402
+from smolforge.data.dedup import DedupSpec, deduplicate
+from smolforge.data.synthetic import duplicate_corpus
+from smolforge.table import render_table
 
 
 def main() -> None:

@@ -28,7 +28,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,12 +36,11 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("TQDM_DISABLE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe  # noqa: E402
-from smolforge.registry import load_stage  # noqa: E402
-from smolforge.runs import Runs  # noqa: E402
-from smolforge.table import render_table  # noqa: E402
+from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe
+from smolforge.registry import load_stage
+from smolforge.runs import Runs
+from smolforge.table import render_table
 
 DEMO = Path(__file__).resolve().parents[1] / "recipes" / "demo"
 PRECOMPUTE_SECONDS: list[float] = []

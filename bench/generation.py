@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def prompts_for(model_dir: Path, count: int) -> list[list[int]]:
@@ -45,7 +44,7 @@ def run_hf(model_dir: Path, prompts: list[list[int]], new_tokens: int, repeats: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from alignment.generation import left_pad
+    from smolforge.alignment.generation import left_pad
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0

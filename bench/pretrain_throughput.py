@@ -15,19 +15,17 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe  # noqa: E402
-from smolforge.registry import load_stage  # noqa: E402
-from smolforge.runs import Runs  # noqa: E402
-from smolforge.table import render_table  # noqa: E402
+from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe
+from smolforge.registry import load_stage
+from smolforge.runs import Runs
+from smolforge.table import render_table
 
 DEMO = Path(__file__).resolve().parents[1] / "recipes" / "demo"
 
@@ -39,7 +37,7 @@ def recipe(stage: str, **changes):
 
 def ours(runs: Runs, steps: int, warmup: int, name: str, zero_stage: int) -> tuple[float, int]:
     """Steady-state tokens/s of the pretrain stage (its own per-step log, warm-up steps dropped),
-    and the ZeRO stage it ran (one process runs ZeRO-0, see pretrain.stage.effective_zero_stage)."""
+    and the ZeRO stage it ran (one process runs ZeRO-0, see smolforge.pretrain.stage.effective_zero_stage)."""
     stage = load_stage("pretrain")
     r = recipe("pretrain", name=name, train={"max_steps": steps, "log_every": 1, "zero_stage": zero_stage},
                checkpoint={"every_steps": 0}, tracking={"report_to": ["none"]}, mixture=[])
@@ -55,7 +53,7 @@ def hf_trainer(rows: list[dict], vocab: int, tokenizer, steps: int, warmup: int,
     from datasets import Dataset
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from pretrain.model import build_model
+    from smolforge.pretrain.model import build_model
 
     r = recipe("pretrain")
     t = r.train
@@ -97,10 +95,10 @@ def main() -> None:
                         help="ZeRO stage of smolforge's loop (default: the demo recipe's)")
     args = parser.parse_args()
 
-    from data.packing import packing_efficiency
-    from data.tokenizer import DOC_SEPARATOR
-    from data.shards import read_kind
-    from pretrain.batches import pack_shards
+    from smolforge.data.packing import packing_efficiency
+    from smolforge.data.tokenizer import DOC_SEPARATOR
+    from smolforge.data.shards import read_kind
+    from smolforge.pretrain.batches import pack_shards
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-pretrain-"))
     runs = Runs(workdir / "runs")

@@ -2,7 +2,7 @@
 
 ``data_card.json`` is for scripts (and the pipeline's lineage); ``data_card.md`` is the same
 content for people, printed at the end of ``smolforge data prepare``. The figures come from the
-passes in :mod:`data.prepare`; this module counts tokens and domains, packs pretraining text,
+passes in :mod:`smolforge.data.prepare`; this module counts tokens and domains, packs pretraining text,
 and renders.
 
     >>> card = {"name": "d", "kinds": {}, "tokens": {}, "domains": {"web": {"documents": 3, "tokens": 30}},

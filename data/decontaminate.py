@@ -2,7 +2,7 @@
 
 Every registered suite folder (lm-eval task YAML + JSONL, e.g. ``evals/suites/embedded``) is read
 as plain JSONL. Each row becomes one item: its string fields in order, plus the gold choice when
-the row has ``choices`` and ``gold``. The item is normalised like :func:`data.dedup.normalise` and
+the row has ``choices`` and ``gold``. The item is normalised like :func:`smolforge.data.dedup.normalise` and
 cut into word n-grams (13 by default, as in the GPT-3/Llama reports). An item shorter than n
 words counts only when it appears whole in a document. Items under ``min_words`` words are not
 indexed, because a phrase that short says nothing about leakage. A document matching an item is

@@ -1,7 +1,7 @@
 """The tokenized, packed form of a pretraining corpus: fixed-length rows per domain on disk.
 
 ``PackedWriter`` streams tokenized documents (each ending with its separator) into rows exactly
-as :func:`data.packing.pack_documents` would, and appends them to two flat binary files per
+as :func:`smolforge.data.packing.pack_documents` would, and appends them to two flat binary files per
 domain, ``packed/<domain>.ids.bin`` (uint32 token ids) and ``packed/<domain>.pos.bin`` (uint16
 or uint32 position ids), nanoGPT-style; ``packed/meta.json`` holds the shapes. Labels are not
 stored: they are the ids with -100 wherever a position restarts at 0. ``load_packed`` maps the

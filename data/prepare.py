@@ -2,7 +2,7 @@
 
 Everything streams: rows arrive one source at a time and leave in batches, so a corpus larger
 than memory passes through with only hashes, LSH band keys and one batch held. Each function
-returns a plain dict for the data card (see :mod:`data.card`).
+returns a plain dict for the data card (see :mod:`smolforge.data.card`).
 
     >>> import tempfile, pathlib
     >>> out = pathlib.Path(tempfile.mkdtemp())

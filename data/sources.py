@@ -1,8 +1,8 @@
 """Streaming readers for the data stage's sources: JSONL/JSON, Parquet, CSV, text folders, ``datasets``.
 
 Every reader yields ``(where, row)`` with ``row`` in one of the three shapes of
-:mod:`data.schemas` (``text``, ``chat``, ``preference``), after column mapping, domain stamping
-and :func:`data.schemas.validate_row`. ``where`` names the file and the row of every problem:
+:mod:`smolforge.data.schemas` (``text``, ``chat``, ``preference``), after column mapping, domain stamping
+and :func:`smolforge.data.schemas.validate_row`. ``where`` names the file and the row of every problem:
 ``raw/a.jsonl line 3``, ``raw/a.csv line 5`` (physical line, header included; ``lines 5-7`` for a
 record whose quoted fields span lines), ``raw/a.parquet row 17`` and ``dataset imdb[train] row 9``
 (rows count from 1), ``corpus/x.txt`` and ``corpus/x.txt paragraph 2``.

@@ -7,15 +7,15 @@
 For each kind of data (``pretrain`` text, ``sft`` chat, ``prefs`` preference pairs, ``prompts``
 for online RL with the answers verifiers check) rows come
 from the recipe's ``sources:`` (JSONL, Parquet, CSV, text folders, `datasets` datasets; see
-:mod:`data.sources`) or, where a kind has none, from the synthetic world of the embedded default.
+:mod:`smolforge.data.sources`) or, where a kind has none, from the synthetic world of the embedded default.
 Then, streaming:
 
 1. every row is validated (``on_error: fail`` stops at the first bad row naming file, row and
    field; ``skip`` counts and lists bad rows in ``reports/bad_rows.jsonl``);
-2. pretraining text passes Gopher-style quality filters (:mod:`data.filters`);
+2. pretraining text passes Gopher-style quality filters (:mod:`smolforge.data.filters`);
 3. dedup: exact (normalised hash) on every kind; MinHash-LSH near-duplicates and repeated
-   paragraphs on pretraining text (:mod:`data.dedup`);
-4. decontamination against every registered eval suite (:mod:`data.decontaminate`);
+   paragraphs on pretraining text (:mod:`smolforge.data.dedup`);
+4. decontamination against every registered eval suite (:mod:`smolforge.data.decontaminate`);
 5. shards ``data/<kind>/part-*.jsonl``; a byte-level BPE ``tokenizer/`` trained on the kept text
    (or the one named); pretraining text tokenized and packed per domain into ``packed/``;
 6. ``data_card.json`` and ``data_card.md``: sources, counts, tokens, what each filter removed,

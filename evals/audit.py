@@ -394,7 +394,7 @@ def export_checkpoint(checkpoint: Path, model_dir: Path, out_dir: Path) -> Path:
     ``model/``, same shape); the weights from the checkpoint (ZeRO-3 consolidated to fp32).
 
     >>> import contextlib, io, tempfile, torch
-    >>> from pretrain.model import ModelShape, build_model
+    >>> from smolforge.pretrain.model import ModelShape, build_model
     >>> root = Path(tempfile.mkdtemp())
     >>> model = build_model(ModelShape(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
     ...                                num_kv_heads=1, max_position_embeddings=64), vocab_size=50)
@@ -478,7 +478,7 @@ def _score(run: Run, point: Checkpoint, suite, tasks: list[str], limit: int | No
     if point.kind != "deepspeed":
         scores, _ = stage.evaluate(point.path, suite, tasks, limit=limit, batch_size=batch_size, device=device)
         return scores
-    from pretrain.checkpoint import verify
+    from smolforge.pretrain.checkpoint import verify
 
     problem = verify(point.path)
     if problem is not None:

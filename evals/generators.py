@@ -6,7 +6,7 @@ takes one and does not care where the text comes from. Two are provided:
 
 - :func:`hf_generator`: a model folder loaded in-process. Chat template with the generation
   prompt, batched greedy ``generate`` with left padding, stop at eos (the shared
-  :mod:`alignment.generation` code the RL stages sample with).
+  :mod:`smolforge.alignment.generation` code the RL stages sample with).
 - :class:`EndpointGenerator`: an OpenAI-compatible server (vLLM, TGI, a hosted API). It POSTs to
   ``/v1/chat/completions`` with temperature 0 through ``urllib``. The API key is read from an
   environment variable whose *name* it is given, and is never stored, logged or shown.
@@ -89,8 +89,8 @@ def hf_generator(model_dir: str | Path, *, max_new_tokens: int = 128, batch_size
     import torch
     from transformers import AutoModelForCausalLM
 
-    from alignment.common import load_tokenizer
-    from alignment.generation import encode_prompts, generate
+    from smolforge.alignment.common import load_tokenizer
+    from smolforge.alignment.generation import encode_prompts, generate
 
     tokenizer = load_tokenizer(model_dir)
     if not getattr(tokenizer, "chat_template", None):

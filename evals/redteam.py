@@ -20,7 +20,7 @@ Markers and canaries match with case and every non-letter/digit ignored (``CNRY-
 pass rate beside the rule. Per category the result has ``n``, the failure rate
 (``attack_success_rate`` for attacks, ``over_refusal_rate`` for benign prompts) and its binomial
 stderr ``sqrt(p(1 - p) / n)``. An optional judge (any generator, e.g. an
-:class:`~evals.generators.EndpointGenerator`) answers a yes/no question per reply; its verdicts
+:class:`~smolforge.evals.generators.EndpointGenerator`) answers a yes/no question per reply; its verdicts
 and agreement with the rules are reported beside them, and the rules stay the score.
 
     >>> suite = load_redteam_suite("redteam")
@@ -372,7 +372,7 @@ def _parse_item(path: Path, line_no: int, row: dict, category: str, rule: str) -
 
 
 def _read_items(path: Path, category: str, rule: str, seen: dict[str, str]) -> list[Item]:
-    from data.jsonl import read_jsonl
+    from smolforge.data.jsonl import read_jsonl
 
     items = []
     for line_no, row in read_jsonl(path):
@@ -603,9 +603,9 @@ def score_model(model: str | Path | Generate, suite: str | Path | RedteamSuite =
                 progress: bool = True) -> dict:
     """Have ``model`` answer every item of ``suite`` and score the replies; returns the full result.
 
-    ``model`` is an HF model folder (run in-process by :func:`~evals.generators.hf_generator` with
+    ``model`` is an HF model folder (run in-process by :func:`~smolforge.evals.generators.hf_generator` with
     ``max_new_tokens``, ``batch_size``, ``device``) or any ``generate(conversations) -> replies``
-    function, e.g. an :class:`~evals.generators.EndpointGenerator`. ``categories`` picks some
+    function, e.g. an :class:`~smolforge.evals.generators.EndpointGenerator`. ``categories`` picks some
     (default all), ``limit`` keeps the first N items of each. ``judge`` is an optional generator
     asked each category's yes/no question. Conversations go to the generator ``chunk`` at a time
     (with a progress bar when ``progress``).

@@ -6,15 +6,15 @@
     smolforge eval --config recipes/demo/eval.yaml --set run=pretrain-demo --set limit=20
 
 Runs lm-eval's ``simple_evaluate`` on the model in ``runs/<run>/model/`` through one of the
-backends of :mod:`evals.backends` (``hf``, ``vllm``, ``endpoint``): plain tasks as raw text,
+backends of :mod:`smolforge.evals.backends` (``hf``, ``vllm``, ``endpoint``): plain tasks as raw text,
 chat tasks (``metadata.chat`` in the task YAML) through the tokenizer's chat template. Writes
 ``runs/<run>/eval/<suite>.json`` (scores, stderr, random baselines, backend, chat template
 hash, few-shot settings), ``eval/<suite>-samples.jsonl`` (every prompt and answer), merges
 ``<task>/<metric>`` scores and ``<task>/<metric>/random`` baselines (primary metric) into the
 run's ``run.json`` metrics, and prints a table. With ``parity: BACKEND`` (``--check-parity``)
 the suite is scored a second time on that backend and ``eval/<suite>-parity.json`` compares
-the two per task and per document (:mod:`evals.parity`); a difference beyond the tolerance
-fails the command. A red-team suite (a folder with ``suite.yaml``, :mod:`evals.redteam`) is
+the two per task and per document (:mod:`smolforge.evals.parity`); a difference beyond the tolerance
+fails the command. A red-team suite (a folder with ``suite.yaml``, :mod:`smolforge.evals.redteam`) is
 scored by generation and rules instead of lm-eval.
 """
 from __future__ import annotations

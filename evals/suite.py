@@ -5,7 +5,7 @@ task; ``data_files`` paths in them are relative to the folder. ``metadata.chat``
 task is scored through the model's chat template, ``metadata.primary`` names its headline metric.
 Users add suites by adding folders: no code needed.
 
-    python -m evals.suite --write-embedded      # regenerate the embedded suite's JSONL from the world
+    python -m smolforge.evals.suite --write-embedded      # regenerate the embedded suite's JSONL from the world
 
     >>> suite = load_suite("embedded")
     >>> sorted(suite.tasks)
@@ -108,8 +108,8 @@ def load_suite(ref: str) -> Suite:
 
 def write_embedded(folder: Path = SUITES_DIR / "embedded", seed: int = 0, entities: int = 40) -> None:
     """Regenerate the embedded suite's JSONL for the default world (the demo's data stage)."""
-    from data.jsonl import write_jsonl
-    from data.synthetic import World
+    from smolforge.data.jsonl import write_jsonl
+    from smolforge.data.synthetic import World
 
     for stem, rows in World.generate(seed=seed, n_entities=entities).eval_suite().items():
         write_jsonl(folder / f"{stem}.jsonl", rows)

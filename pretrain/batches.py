@@ -16,9 +16,9 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from data.packing import pack_documents
-from data.schemas import load_many
-from data.tokenizer import DOC_SEPARATOR
+from smolforge.data.packing import pack_documents
+from smolforge.data.schemas import load_many
+from smolforge.data.tokenizer import DOC_SEPARATOR
 from smolforge.errors import DataError
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ def load_domains(data_run_path: Path, tokenizer, seq_len: int) -> tuple[dict[str
     """
     import torch
 
-    from data.packed import load_packed, packed_meta
+    from smolforge.data.packed import load_packed, packed_meta
 
     meta = packed_meta(data_run_path / "packed")
     if meta is not None and meta["seq_len"] == seq_len:
@@ -52,7 +52,7 @@ def load_domains(data_run_path: Path, tokenizer, seq_len: int) -> tuple[dict[str
 
 def pack_shards(data_run_path: Path, tokenizer, seq_len: int) -> dict[str, list[dict]]:
     """``{domain: packed rows}`` from a data run's pretraining shards (documents end with the separator)."""
-    from data.shards import kind_files
+    from smolforge.data.shards import kind_files
 
     sep = tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)
     if sep is None or sep == tokenizer.unk_token_id:

@@ -1,6 +1,6 @@
 """Training FLOPs, peak device FLOP/s and KV-cache size: what the planner and the MFU meter share.
 
-    >>> from pretrain.model import ModelShape
+    >>> from smolforge.pretrain.model import ModelShape
     >>> shape = ModelShape(hidden_size=2048, intermediate_size=11008, num_layers=36, num_heads=16,
     ...                    num_kv_heads=4)
     >>> kv_cache_bytes_per_token(shape)           # 36 layers x 4 KV heads x 128 x (K, V) x bf16
@@ -222,7 +222,7 @@ def flops_per_token(shape: ModelShape, vocab_size: int, seq_len: int, *,
     """Training FLOPs per token (forward + backward): ``6 · N_matmul`` + the attention term.
 
     ``params`` is the model's total parameter count; when None it is counted on the meta device
-    (:func:`pretrain.model.count_parameters`, which imports transformers). A training loop that
+    (:func:`smolforge.pretrain.model.count_parameters`, which imports transformers). A training loop that
     has the model passes ``sum(p.numel() for p in model.parameters())``.
 
     >>> shape = ModelShape(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2,

@@ -1,7 +1,7 @@
 """Throughput, model FLOPs utilisation and memory, per logging window.
 
 MFU = achieved model FLOP/s ÷ (peak FLOP/s per device × devices), with model FLOPs per token from
-:func:`pretrain.flops.flops_per_token` (6N plus the attention term). On CPU the peak is measured
+:func:`smolforge.pretrain.flops.flops_per_token` (6N plus the attention term). On CPU the peak is measured
 once with a matmul benchmark, so the figure says how close the loop runs to what this machine's
 matmuls reach; without a known peak MFU is reported as None (n/a).
 

@@ -16,7 +16,7 @@ SmolLM3's own run implies ≈26–31 %). Memory per GPU is given for ZeRO stages
 precision (bf16 weights and grads, fp32 master weights + Adam m and v: 2 + 2 + 12 bytes per
 parameter; fp32 recipes: 4 + 4 + 8), sharded over the data-parallel GPUs, plus the activations
 of one micro-batch with and without activation checkpointing. Formulas and sources:
-docs/planner.md and :mod:`pretrain.flops`.
+docs/planner.md and :mod:`smolforge.pretrain.flops`.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 
 
 def load_pretrain_recipe(path: str | Path, sets: list[str] | tuple[str, ...] = ()):
-    """Build the ``pretrain.stage.Recipe`` in ``path``; any other stage is a RecipeError."""
+    """Build the ``smolforge.pretrain.stage.Recipe`` in ``path``; any other stage is a RecipeError."""
     from smolforge.recipe import build_stage_recipe, load_recipe
     from smolforge.registry import load_stage
 

@@ -114,7 +114,7 @@ def _domains_in(data_run: Run) -> list[str]:
     card = data_card(data_run)
     if card.get("domains"):
         return sorted(card["domains"])
-    from data.shards import read_kind
+    from smolforge.data.shards import read_kind
 
     return sorted({str(row.get("domain", "default")) for _, row in read_kind(data_run.path, "pretrain")})
 
@@ -133,7 +133,7 @@ def adopt_data_mixture(recipe: Recipe, data_run: Run) -> None:
 
 def validate(recipe: Recipe, runs: Runs) -> None:
     t, m = recipe.train, recipe.model
-    from data.shards import kind_files
+    from smolforge.data.shards import kind_files
 
     data_run = runs.get(recipe.data)
     if not kind_files(data_run.path, "pretrain"):

@@ -249,7 +249,7 @@ def _cmd_stage(args: argparse.Namespace, extras: list[str], root: Path) -> int:
         if args.check_parity:
             args.set = [*args.set, f"parity={args.check_parity}"]
     if args.command == "annotate" and args.verb == "serve":
-        from annotate.server import serve
+        from smolforge.annotate.server import serve
 
         return serve(Path(args.home) if args.home else root / ".argilla", port=args.port)
     if args.command in ("eval", "annotate") and not args.config:
@@ -302,13 +302,13 @@ def _cmd_eval_verb(verb: str, args: argparse.Namespace, extras: list[str], root:
 
     names = args.target[1:]
     if verb == "stage":
-        from evals.staging import stage_task
+        from smolforge.evals.staging import stage_task
 
         if len(names) != 1 or not args.from_file:
             raise RecipeError("usage: smolforge eval stage TASK --from FILE (a local copy of the task's data)")
         print(stage_task(names[0], args.from_file))
         return 0
-    from evals.audit import audit, audit_json, format_audit
+    from smolforge.evals.audit import audit, audit_json, format_audit
 
     if not names:
         raise RecipeError("usage: smolforge eval audit RUN RUN… [--suite NAME] [--tasks a,b] [--limit N]")
@@ -386,7 +386,7 @@ def _cmd_lineage(args: argparse.Namespace, root: Path) -> int:
 
 
 def _cmd_plan(args: argparse.Namespace, extras: list[str]) -> int:
-    from pretrain.planner import close_option, plan_file, print_plan, warn
+    from smolforge.pretrain.planner import close_option, plan_file, print_plan, warn
 
     if extras:
         known = ["--tokens", "--gpu", "--gpus", "--days", "--mfu", "--price", "--seq-len",
@@ -441,14 +441,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "lineage":
             return _cmd_lineage(args, root)
         if args.command == "compare":
-            from evals.compare import compare_data, compare_table
+            from smolforge.evals.compare import compare_data, compare_table
             from smolforge.runs import Runs
 
             print(json.dumps(compare_data(Runs(root), args.names), indent=2, default=str) if args.json
                   else compare_table(Runs(root), args.names))
             return 0
         if args.command == "report":
-            from evals.report import write_report
+            from smolforge.evals.report import write_report
             from smolforge.runs import Runs
 
             runs = Runs(root)

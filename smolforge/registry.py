@@ -12,7 +12,7 @@ inherit it.
 
     >>> from smolforge.registry import stages, MODEL_STAGES
     >>> stages()["dpo"]
-    'alignment.dpo'
+    'smolforge.alignment.dpo'
     >>> "sft" in MODEL_STAGES
     True
 """
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import difflib
 import importlib
+import importlib.util
 import os
 from pathlib import Path
 from types import ModuleType
@@ -29,17 +30,17 @@ from smolforge.errors import RecipeError
 __all__ = ["STAGES", "MODEL_STAGES", "EXTRA_STAGES_ENV", "SUITES_ENV", "stages", "load_stage", "suite_folders"]
 
 STAGES: dict[str, str] = {
-    "data": "data.stage",
-    "pretrain": "pretrain.stage",
-    "sft": "alignment.sft",
-    "dpo": "alignment.dpo",
-    "orpo": "alignment.orpo",
-    "reward": "alignment.reward",
-    "grpo": "alignment.grpo",
-    "rloo": "alignment.rloo",
-    "ppo": "alignment.ppo",
-    "eval": "evals.stage",
-    "annotate": "annotate.stage",
+    "data": "smolforge.data.stage",
+    "pretrain": "smolforge.pretrain.stage",
+    "sft": "smolforge.alignment.sft",
+    "dpo": "smolforge.alignment.dpo",
+    "orpo": "smolforge.alignment.orpo",
+    "reward": "smolforge.alignment.reward",
+    "grpo": "smolforge.alignment.grpo",
+    "rloo": "smolforge.alignment.rloo",
+    "ppo": "smolforge.alignment.ppo",
+    "eval": "smolforge.evals.stage",
+    "annotate": "smolforge.annotate.stage",
 }
 # their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead)
 MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo")
@@ -112,7 +113,14 @@ def load_stage(name: str) -> ModuleType:
 # being there; $SMOLFORGE_SUITES adds folders (os.pathsep-separated). Decontamination reads them
 # all, so a suite added for evaluation is automatically kept out of training data.
 SUITES_ENV = "SMOLFORGE_SUITES"
-BUILTIN_SUITES_DIR = Path(__file__).resolve().parent.parent / "evals" / "suites"
+
+
+def builtin_suites_dir() -> Path:
+    """``suites/`` inside the installed ``smolforge.evals`` package, found without importing it."""
+    spec = importlib.util.find_spec("smolforge.evals")
+    if spec is None or not spec.submodule_search_locations:
+        return Path("/nonexistent")
+    return Path(list(spec.submodule_search_locations)[0]) / "suites"
 
 
 def suite_folders() -> dict[str, Path]:
@@ -122,8 +130,9 @@ def suite_folders() -> dict[str, Path]:
     True
     """
     found: dict[str, Path] = {}
-    if BUILTIN_SUITES_DIR.is_dir():
-        for path in sorted(BUILTIN_SUITES_DIR.iterdir()):
+    builtin = builtin_suites_dir()
+    if builtin.is_dir():
+        for path in sorted(builtin.iterdir()):
             if path.is_dir() and not path.name.startswith(("_", ".")) and any(path.glob("*.jsonl")):
                 found[path.name] = path
     staged = staged_suites_dir()

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from annotate.server import REPO, SERVER_FILE, running_url
+from smolforge.annotate.server import REPO, SERVER_FILE, running_url
 from smolforge.cli import main
 
 rg = pytest.importorskip("argilla")
@@ -106,8 +106,8 @@ def decider(column: int):
 
 def snapshot(loop, min_votes):
     """What a pull computes (rows and report) from the live server, minus timings."""
-    from annotate.pull import resolve
-    from annotate.stage import Recipe, fetch
+    from smolforge.annotate.pull import resolve
+    from smolforge.annotate.stage import Recipe, fetch
 
     rows, report = resolve(fetch(Recipe(dataset="loop"), loop["url"], KEY), min_votes=min_votes)
     return rows, report
@@ -127,7 +127,7 @@ def restart(loop, kill_server: bool) -> None:
 def test_two_annotators_survive_restarts_and_pull_into_pairs_with_agreement(loop, capsys):
     from sklearn.metrics import cohen_kappa_score
 
-    from annotate.scripted import answer_all, records_to_answer, scripted_users
+    from smolforge.annotate.scripted import answer_all, records_to_answer, scripted_users
 
     records = sorted(records_to_answer(loop["url"], KEY, "loop", "argilla"), key=lambda r: r["id"])
     assert len(records) == N
@@ -198,9 +198,9 @@ def test_dpo_trains_on_the_pulled_pairs(loop):
 def test_pipeline_step_pushes_lets_scripted_annotators_answer_and_pulls(loop, tmp_path, capsys):
     """The verifier-driven annotators prefer the response that states the reference answer; the test
     makes the run's own first sample the reference (sampling is seeded, so the push samples it again)."""
-    from annotate.generate import generate_responses
-    from annotate.prompts import load_prompts
-    from annotate.stage import Recipe, Sampling, Scripted, run as run_step
+    from smolforge.annotate.generate import generate_responses
+    from smolforge.annotate.prompts import load_prompts
+    from smolforge.annotate.stage import Recipe, Sampling, Scripted, run as run_step
 
     runs = loop["runs"]
     rows, _ = load_prompts(loop["data"], runs, limit=8)
@@ -246,7 +246,7 @@ def test_cli_errors_unreachable_wrong_key_and_schema_mismatch(loop, capsys, monk
 
 def test_rankings_keep_their_ranks_and_ties_through_the_server(loop, capsys):
     """The SDK reads a ranking back as a bare list of names; the pull must use the stored ranks."""
-    from annotate.scripted import answer_all, records_to_answer, scripted_users
+    from smolforge.annotate.scripted import answer_all, records_to_answer, scripted_users
 
     sets = push_args(loop, k=3, limit=3, dataset="loop-rank", name="prefs-rank", rating="true")
     rc, out = cli(loop, "push", *sets, capsys=capsys)

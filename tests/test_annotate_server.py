@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from annotate.server import REPO, ArgillaServer, connect
+from smolforge.annotate.server import REPO, ArgillaServer, connect
 from smolforge.errors import ServiceError
 
 rg = pytest.importorskip("argilla")
@@ -193,7 +193,7 @@ def test_wrong_api_key_is_a_clear_error(live):
 
 
 def test_unreachable_server_is_a_clear_error():
-    from annotate.server import free_port
+    from smolforge.annotate.server import free_port
     url = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(ServiceError, match=f"not reachable at {url}"):
         connect(url, os.environ.get("ARGILLA_API_KEY") or "argilla.apikey")
@@ -243,7 +243,7 @@ def test_annotate_serve_runs_until_sigterm_and_names_its_url(tmp_path):
     import subprocess
     import sys
 
-    from annotate.server import SERVER_FILE, running_url
+    from smolforge.annotate.server import SERVER_FILE, running_url
     proc = subprocess.Popen([sys.executable, "-m", "smolforge", "annotate", "serve", "--home", str(tmp_path / "home")],
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:

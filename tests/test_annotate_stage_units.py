@@ -6,10 +6,10 @@ import random
 
 import pytest
 
-from annotate.generate import generate_responses, response_runs, slots_per_run
-from annotate.prompts import load_prompts
-from annotate.scripted import noisy, verdict, verifier
-from annotate.stage import Recipe, Sampling, Scripted, check_recipe, schema_for, validate
+from smolforge.annotate.generate import generate_responses, response_runs, slots_per_run
+from smolforge.annotate.prompts import load_prompts
+from smolforge.annotate.scripted import noisy, verdict, verifier
+from smolforge.annotate.stage import Recipe, Sampling, Scripted, check_recipe, schema_for, validate
 from smolforge.cli import main
 from smolforge.errors import DataError, RecipeError
 

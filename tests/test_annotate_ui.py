@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from annotate.records import GUIDELINES, LABEL_TEXT, build_record, build_settings, review_schema, to_record
-from annotate.server import REPO, ArgillaServer, connect
+from smolforge.annotate.records import GUIDELINES, LABEL_TEXT, build_record, build_settings, review_schema, to_record
+from smolforge.annotate.server import REPO, ArgillaServer, connect
 
 rg = pytest.importorskip("argilla")
 sync_api = pytest.importorskip("playwright.sync_api")

@@ -7,9 +7,9 @@ import random
 
 import pytest
 
-from annotate.agreement import cohen_kappa, krippendorff_alpha
-from annotate.pull import decide, from_argilla, resolve, write_preference_run
-from annotate.records import (build_record, build_settings, check_schema, record_id, response_order, review_schema,
+from smolforge.annotate.agreement import cohen_kappa, krippendorff_alpha
+from smolforge.annotate.pull import decide, from_argilla, resolve, write_preference_run
+from smolforge.annotate.records import (build_record, build_settings, check_schema, record_id, response_order, review_schema,
                               schema_of)
 from smolforge.errors import DataError, RecipeError
 
@@ -284,7 +284,7 @@ def test_no_pairs_writes_no_run(runs):
 
 def test_dpo_recipe_validates_against_a_pulled_run(runs, sft_run):
     from conftest import tiny_recipe
-    from data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import load_many, resolve_data
     from smolforge.registry import load_stage
 
     recs = [record(f"r{i}", vote("ann", "response_1"), vote("bob", "response_1"),

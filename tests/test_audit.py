@@ -10,7 +10,7 @@ import pytest
 from scipy import stats as scipy_stats
 
 from conftest import run_stage
-from evals.audit import (Thresholds, audit, export_checkpoint, find_checkpoints, format_audit, kendall_tau,
+from smolforge.evals.audit import (Thresholds, audit, export_checkpoint, find_checkpoints, format_audit, kendall_tau,
                          spearman, summarize, task_statistics, write_audit)
 from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Runs
@@ -158,7 +158,7 @@ def test_run_without_checkpoints_is_a_clear_error(tmp_path):
 def test_bad_arguments_fail_before_any_scoring(tmp_path, monkeypatch):
     runs = Runs(tmp_path)
     _fake_run(runs, "a")
-    monkeypatch.setattr("evals.stage.evaluate", lambda *a, **k: pytest.fail("nothing may be scored"))
+    monkeypatch.setattr("smolforge.evals.stage.evaluate", lambda *a, **k: pytest.fail("nothing may be scored"))
     with pytest.raises(RunError, match="given more than once"):
         audit(runs, ["a", "a"])
     with pytest.raises(RecipeError, match="has no task 'fatcs' \\(did you mean 'facts'\\?\\)"):
@@ -206,7 +206,7 @@ def test_deepspeed_checkpoint_exports_to_the_same_weights_as_the_final_model(see
 
 def test_audit_of_two_seeds_scores_every_checkpoint_once_then_reads_the_cache(
         runs, seeds, shared_task_index, monkeypatch, tmp_path):
-    from evals import stage
+    from smolforge.evals import stage
 
     calls = []
     real = stage.evaluate

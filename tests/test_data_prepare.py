@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from conftest import DEMO, REPO, run_stage, tiny_recipe
-from data.filters import FilterSpec
+from smolforge.data.filters import FilterSpec
 from smolforge.cli import main
 from smolforge.errors import RecipeError
 from smolforge.registry import load_stage
@@ -48,7 +48,7 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
     assert weights == pytest.approx({d: n / sum(rows.values()) for d, n in rows.items()}, abs=1e-6)
     from transformers import AutoTokenizer
 
-    from data.shards import read_kind
+    from smolforge.data.shards import read_kind
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
     texts = [row["text"] for _, row in read_kind(data_run.path, "pretrain")]
     assert card["tokens"]["pretrain"] == sum(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
@@ -64,8 +64,8 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
 def test_packed_rows_on_disk_equal_packing_at_load(data_run):
     from transformers import AutoTokenizer
 
-    from data.packed import load_packed
-    from pretrain.batches import pack_shards
+    from smolforge.data.packed import load_packed
+    from smolforge.pretrain.batches import pack_shards
 
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
     on_disk = load_packed(data_run.path / "packed")
@@ -79,7 +79,7 @@ def test_packed_rows_on_disk_equal_packing_at_load(data_run):
 def test_pretraining_reads_the_packed_rows_when_seq_len_matches(data_run):
     from transformers import AutoTokenizer
 
-    from pretrain.batches import load_domains
+    from smolforge.pretrain.batches import load_domains
 
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
     seq_len = card_of(data_run)["packed"]["seq_len"]

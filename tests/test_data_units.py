@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from data.jsonl import read_jsonl, write_jsonl
-from data.packing import IGNORE_INDEX, pack_documents, packing_efficiency
-from data.schemas import load_rows, validate_row
-from data.synthetic import (ANSWERS, ARITH_ANSWER, ARITH_QUESTIONS, ARITH_RANGE, ATTRIBUTES,
+from smolforge.data.jsonl import read_jsonl, write_jsonl
+from smolforge.data.packing import IGNORE_INDEX, pack_documents, packing_efficiency
+from smolforge.data.schemas import load_rows, validate_row
+from smolforge.data.synthetic import (ANSWERS, ARITH_ANSWER, ARITH_QUESTIONS, ARITH_RANGE, ATTRIBUTES,
                             EVAL_ARITH_CONTEXT, EVAL_ARITH_QUESTION, EVAL_CONTEXTS, EVAL_QUESTIONS,
                             PREFIXES, QUESTIONS, World, chat_text)
-from data.tokenizer import DOC_SEPARATOR, SPECIAL_TOKENS, train_tokenizer
-from evals.suite import SUITES_DIR, load_suite, write_embedded
+from smolforge.data.tokenizer import DOC_SEPARATOR, SPECIAL_TOKENS, train_tokenizer
+from smolforge.evals.suite import SUITES_DIR, load_suite, write_embedded
 from smolforge.errors import DataError
 
 EVAL_LEADS = ("Everyone knows that", "Do you know")
@@ -165,7 +165,7 @@ def test_committed_embedded_suite_equals_a_fresh_write(tmp_path):
     for stem in stems:
         fresh = (tmp_path / f"{stem}.jsonl").read_bytes()
         assert fresh, stem
-        assert (committed / f"{stem}.jsonl").read_bytes() == fresh, f"{stem}.jsonl is stale; run python -m evals.suite --write-embedded"
+        assert (committed / f"{stem}.jsonl").read_bytes() == fresh, f"{stem}.jsonl is stale; run python -m smolforge.evals.suite --write-embedded"
 
 
 def test_committed_embedded_suite_matches_the_default_world(world):

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from data.decontaminate import EvalIndex, decontaminate, item_text
-from data.synthetic import World
+from smolforge.data.decontaminate import EvalIndex, decontaminate, item_text
+from smolforge.data.synthetic import World
 
 SUITE = "evals/suites/embedded"
 

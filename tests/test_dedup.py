@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from data.dedup import DedupSpec, dedup_paragraphs, deduplicate, detection_curve, detection_probability, shingles
-from data.synthetic import duplicate_corpus
+from smolforge.data.dedup import DedupSpec, dedup_paragraphs, deduplicate, detection_curve, detection_probability, shingles
+from smolforge.data.synthetic import duplicate_corpus
 
 
 def score(texts, exact, near, report):

@@ -117,7 +117,7 @@ def test_beta_zero_is_refused(runs, sft_run):
 
 
 def test_beta_outside_the_playbook_range_warns(runs, sft_run, caplog):
-    with caplog.at_level(logging.WARNING, logger="alignment.dpo"):
+    with caplog.at_level(logging.WARNING, logger="smolforge.alignment.dpo"):
         load_stage("dpo").validate(tiny_recipe("dpo", trainer={"beta": 0.5}), runs)
     assert "trainer.beta=0.5 is outside the playbook's 0.1-0.3 range" in caplog.text
 

@@ -6,10 +6,10 @@ import sys
 
 import pytest
 
-import data.filters as filters
-from data.filters import (DEMO_OVERRIDES, FilterSpec, FilterStats, QualityFilter, check, dup_ngram_char_frac,
+import smolforge.data.filters as filters
+from smolforge.data.filters import (DEMO_OVERRIDES, FilterSpec, FilterStats, QualityFilter, check, dup_ngram_char_frac,
                           language_score, top_ngram_char_frac, validate)
-from data.synthetic import World
+from smolforge.data.synthetic import World
 from smolforge.errors import RecipeError
 
 CLEAN = ("The old lighthouse stood at the edge of the cliff for more than a century. Every evening the "

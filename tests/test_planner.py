@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.flops import (DEVICES, attention_flops_per_token, flops_per_token,
+from smolforge.pretrain.flops import (DEVICES, attention_flops_per_token, flops_per_token,
                             kv_cache_bytes_per_token, measure_cpu_peak_flops, peak_flops)
-from pretrain.model import count_parameters
-from pretrain.planner import load_pretrain_recipe, make_plan, plan_file
+from smolforge.pretrain.model import count_parameters
+from smolforge.pretrain.planner import load_pretrain_recipe, make_plan, plan_file
 from smolforge.cli import main
 from smolforge.errors import RecipeError
 from smolforge.recipe import build, load_recipe
@@ -227,7 +227,7 @@ def test_help_stays_fast_and_light():
     assert time.perf_counter() - start < 2.0
     probe = subprocess.run(
         [sys.executable, "-c", "import smolforge.cli, sys; "
-         "print(sorted({'torch', 'transformers', 'pretrain.planner'} & set(sys.modules)))"],
+         "print(sorted({'torch', 'transformers', 'smolforge.pretrain.planner'} & set(sys.modules)))"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=30)
     assert probe.stdout.strip() == "[]"
 
@@ -242,7 +242,7 @@ def test_plan_help_shows_an_example(capsys):
 
 @pytest.mark.parametrize("path", [SMOLLM3_3B, SMOLLM3_1B])
 def test_real_scale_recipes_build_into_the_pretrain_recipe(path):
-    from pretrain.stage import Recipe
+    from smolforge.pretrain.stage import Recipe
 
     stage, data = load_recipe(path)
     recipe = build(Recipe, data, source=str(path))

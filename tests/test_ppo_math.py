@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from alignment.ppo_math import (KLController, gae, masked_mean, masked_whiten, per_token_kl, policy_loss,
+from smolforge.alignment.ppo_math import (KLController, gae, masked_mean, masked_whiten, per_token_kl, policy_loss,
                                 token_rewards, value_loss)
 
 

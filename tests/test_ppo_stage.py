@@ -53,7 +53,7 @@ def ppo_run(runs, sft_run, data_run):
 def test_ppo_stage_trains_logs_and_writes_a_loadable_model(ppo_run, sft_run):
     from transformers import AutoModelForCausalLM
 
-    from alignment.common import load_tokenizer
+    from smolforge.alignment.common import load_tokenizer
 
     assert ppo_run.status == "done" and ppo_run.stage == "ppo"
     lines = [json.loads(line) for line in ppo_run.metrics_path.read_text().splitlines()]
@@ -78,7 +78,7 @@ def test_ppo_stage_trains_logs_and_writes_a_loadable_model(ppo_run, sft_run):
 
 
 def test_reference_stays_frozen_while_the_policy_moves(runs, sft_run, data_run):
-    from alignment import ppo, ppo_math
+    from smolforge.alignment import ppo, ppo_math
 
     recipe = ppo_recipe()
     spec = recipe.ppo
@@ -98,7 +98,7 @@ def test_batched_logprobs_match_one_sequence_at_a_time(sft_run):
     """Left-padded prompts + right-padded completions give each token the log-prob it has alone."""
     from transformers import AutoModelForCausalLM
 
-    from alignment import ppo
+    from smolforge.alignment import ppo
 
     model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
     queries, completions = [[1, 40, 41, 42, 43, 44], [1, 50]], [[60, 61, 2], [62, 63, 64, 65, 2]]
@@ -137,7 +137,7 @@ def test_bad_recipes_fail_before_any_work(runs, sft_run, data_run, changes, mess
 
 
 def test_reward_returning_the_wrong_length_is_named(runs, sft_run, data_run):
-    from alignment import ppo
+    from smolforge.alignment import ppo
 
     recipe = ppo_recipe(rewards=[one_value])
     with pytest.raises(DataError, match="reward function 'one_value' returned 1 values for 2 completions"):
@@ -151,8 +151,8 @@ def test_reward_returning_the_wrong_length_is_named(runs, sft_run, data_run):
 def test_generation_stops_at_eos_and_returns_the_token_ids(sft_run):
     from transformers import AutoModelForCausalLM
 
-    from alignment.common import load_tokenizer
-    from alignment.generation import generate, pick_backend
+    from smolforge.alignment.common import load_tokenizer
+    from smolforge.alignment.generation import generate, pick_backend
 
     assert pick_backend() == ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")
     model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir)

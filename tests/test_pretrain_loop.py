@@ -17,8 +17,8 @@ import torch
 import yaml
 
 from conftest import REPO, TINY, run_stage, tiny_recipe
-from pretrain import stage as pretrain_stage
-from pretrain.mixture import MixtureSampler, Phase
+from smolforge.pretrain import stage as pretrain_stage
+from smolforge.pretrain.mixture import MixtureSampler, Phase
 from smolforge.errors import RecipeError
 from smolforge.runs import Run
 

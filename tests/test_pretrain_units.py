@@ -6,9 +6,9 @@ import math
 import pytest
 import torch
 
-from data.packing import pack_documents
-from pretrain.model import ModelShape, build_model, count_parameters, model_config, no_rope_layers
-from pretrain.schedule import SCHEDULES, lr_multiplier
+from smolforge.data.packing import pack_documents
+from smolforge.pretrain.model import ModelShape, build_model, count_parameters, model_config, no_rope_layers
+from smolforge.pretrain.schedule import SCHEDULES, lr_multiplier
 
 TINY = ModelShape(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1,
                   max_position_embeddings=128)

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_stage
-from evals.compare import compare_data, compare_table, primary_scores
-from evals.report import curve_groups, render_report, write_report
+from smolforge.evals.compare import compare_data, compare_table, primary_scores
+from smolforge.evals.report import curve_groups, render_report, write_report
 from smolforge.errors import RunError
 from smolforge.runs import Runs, write_json_atomic
 
@@ -114,7 +114,7 @@ def test_curves_are_grouped_by_kind_and_thinned():
     assert list(groups) == ["Learning rate", "Loss", "KL", "Reward", "logps", "Other (1/2)", "Other (2/2)"]
     assert set(groups["Loss"]) == {"loss", "policy_loss"} and set(groups["KL"]) == {"kl", "approx_kl"}
     assert set(groups["Other (1/2)"]) == {"clipfrac"} and set(groups["Other (2/2)"]) == {"completion_length"}
-    from evals.report import line_chart
+    from smolforge.evals.report import line_chart
 
     svg = line_chart("Loss", groups["Loss"])
     first = re.search(r'<polyline points="([^"]+)"', svg).group(1)

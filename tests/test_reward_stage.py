@@ -51,7 +51,7 @@ def test_reward_stage_writes_a_loadable_scorer_and_held_out_accuracy(reward_run,
 
 
 def test_scorer_on_the_reward_run_gives_one_finite_score_per_completion(reward_run, runs):
-    from alignment.rewards import RewardModelScorer, resolve
+    from smolforge.alignment.rewards import RewardModelScorer, resolve
 
     scorer = RewardModelScorer(reward_run.path)
     prompts = [[{"role": "user", "content": "Add 3 and 4."}]] * 3
@@ -66,9 +66,9 @@ def test_scorer_on_the_reward_run_gives_one_finite_score_per_completion(reward_r
 
 
 def test_scores_agree_with_the_recorded_held_out_accuracy(reward_run, runs, data_run):
-    from alignment.reward import heldout_scores, split_pairs
-    from alignment.rewards import RewardModelScorer
-    from data.schemas import load_many, resolve_data
+    from smolforge.alignment.reward import heldout_scores, split_pairs
+    from smolforge.alignment.rewards import RewardModelScorer
+    from smolforge.data.schemas import load_many, resolve_data
 
     recipe = reward_recipe()
     rows = load_many(resolve_data(data_run.name, runs, "prefs")[0], "preference")
@@ -80,7 +80,7 @@ def test_scores_agree_with_the_recorded_held_out_accuracy(reward_run, runs, data
 
 
 def test_lora_reward_model_is_merged_into_a_plain_model_with_its_adapter_kept(runs, sft_run, data_run):
-    from alignment.rewards import RewardModelScorer
+    from smolforge.alignment.rewards import RewardModelScorer
 
     stage = load_stage("reward")
     recipe = reward_recipe(name="reward-lora", parent=sft_run.name, data=data_run.name, lora={"r": 2, "alpha": 4},

@@ -6,7 +6,7 @@ import pickle
 
 import pytest
 
-from alignment.rewards import (BUILTINS, answer_match, arith_verifier, checked, completion_text, mean_reward,
+from smolforge.alignment.rewards import (BUILTINS, answer_match, arith_verifier, checked, completion_text, mean_reward,
                                resolve)
 from smolforge.errors import DataError, RecipeError
 
@@ -82,7 +82,7 @@ def test_resolve_short_names_keep_the_function_name_for_trl_logs():
     assert resolve("arith_verifier")(["Add 1 and 1."], ["2"]) == [1.0]
 
 
-@pytest.mark.parametrize("spec", ["alignment.rewards:answer_match", "alignment.rewards.answer_match"])
+@pytest.mark.parametrize("spec", ["smolforge.alignment.rewards:answer_match", "smolforge.alignment.rewards.answer_match"])
 def test_resolve_dotted_paths(spec):
     reward = resolve(spec)
     assert reward.__name__ == "answer_match"
@@ -97,7 +97,7 @@ def test_unknown_reward_names_the_builtins_and_the_close_match():
 
 def test_dotted_path_to_a_missing_function_suggests_the_close_one():
     with pytest.raises(RecipeError, match=r"has no 'answer_mtch' \(did you mean 'answer_match'\?\)"):
-        resolve("alignment.rewards:answer_mtch")
+        resolve("smolforge.alignment.rewards:answer_mtch")
     with pytest.raises(RecipeError, match="cannot import module 'no_such_pkg.mod'"):
         resolve("no_such_pkg.mod:fn")
 
@@ -152,8 +152,8 @@ def test_completion_text_of_each_shape():
 
 
 def test_mean_reward_generates_and_scores_held_out_prompts(sft_run, data_run, runs):
-    from alignment.common import load_tokenizer
-    from data.schemas import load_many, resolve_data
+    from smolforge.alignment.common import load_tokenizer
+    from smolforge.data.schemas import load_many, resolve_data
     from transformers import AutoModelForCausalLM
 
     paths, _ = resolve_data(data_run.name, runs, "prompts")

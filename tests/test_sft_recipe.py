@@ -21,14 +21,14 @@ def test_sft_evaluates_a_heldout_split_and_exports_the_best_checkpoint(sft_run):
 
 
 def test_learning_rate_left_unset_is_a_fifth_of_pretraining_and_a_stray_one_is_flagged(runs, pretrain_run, caplog):
-    from alignment.sft import TRL_DEFAULT_LR, resolve_learning_rate
+    from smolforge.alignment.sft import TRL_DEFAULT_LR, resolve_learning_rate
 
     peak = pretrain_run.info["recipe"]["train"]["learning_rate"]
     recipe = tiny_recipe("sft", trainer={"learning_rate": TRL_DEFAULT_LR})
     resolve_learning_rate(recipe, runs)
     assert recipe.trainer.learning_rate == pytest.approx(0.2 * peak)
     stray = tiny_recipe("sft", trainer={"learning_rate": peak})
-    with caplog.at_level(logging.WARNING, logger="alignment.sft"):
+    with caplog.at_level(logging.WARNING, logger="smolforge.alignment.sft"):
         resolve_learning_rate(stray, runs)
     assert stray.trainer.learning_rate == peak
     assert "outside 1/10-1/5 of the pretraining peak" in caplog.text

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from data import sources
-from data.sources import BadRows, Source, iter_rows, source_label, validate_source
+from smolforge.data import sources
+from smolforge.data.sources import BadRows, Source, iter_rows, source_label, validate_source
 from smolforge.errors import DataError, RecipeError
 
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

@@ -107,7 +107,7 @@ def test_eval_writes_scores_baselines_and_samples_into_the_run(runs, sft_run):
 
 
 def test_eval_unknown_task_suggests_the_close_match(runs, sft_run):
-    from evals import stage
+    from smolforge.evals import stage
 
     recipe = stage.Recipe(run=sft_run.name, tasks=["fatcs"])
     with pytest.raises(RecipeError, match="did you mean 'facts'"):

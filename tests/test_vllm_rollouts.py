@@ -20,7 +20,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
     """Greedy ids and the log-prob of each chosen token, one prompt at a time (no padding)."""
-    from alignment.generation import cut_at_eos
+    from smolforge.alignment.generation import cut_at_eos
 
     results = []
     for ids in prompt_ids:
@@ -37,9 +37,9 @@ def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
 def test_server_samples_what_hf_would_and_follows_weight_updates(sft_run, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from alignment.common import load_tokenizer
-    from alignment.generation import encode_prompts
-    from alignment.vllm_rollouts import ServerRollouts
+    from smolforge.alignment.common import load_tokenizer
+    from smolforge.alignment.generation import encode_prompts
+    from smolforge.alignment.vllm_rollouts import ServerRollouts
 
     tokenizer = load_tokenizer(sft_run.model_dir)
     model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
@@ -94,7 +94,7 @@ def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
 
 
 def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_path):
-    from alignment.generation import pick_backend
+    from smolforge.alignment.generation import pick_backend
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
     assert pick_backend("hf", tmp_path) == "hf"
@@ -113,7 +113,7 @@ def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_pat
 def test_ppo_rolls_out_through_the_vllm_server(runs, sft_run, data_run):
     from test_ppo_stage import ppo_recipe
 
-    from alignment import ppo
+    from smolforge.alignment import ppo
 
     recipe = ppo_recipe(name="ppo-vllm", generation="auto" if torch.cuda.is_available() else "vllm")
     ppo.validate(recipe, runs)

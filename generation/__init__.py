@@ -1,0 +1,1 @@
+"""smolforge.generation: the one place where text is sampled (placeholder, filled below)."""
