@@ -13,6 +13,7 @@ from typing import Any
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.recipe import to_dict
+from smolforge.generation.prompts import load_tokenizer
 from smolforge.runs import Run, Runs
 
 
@@ -82,15 +83,6 @@ def lineage_fingerprints(parents: list[Run], own: dict[str, list[Path]]) -> dict
         merged.update(parent.info.get("data_fingerprints") or {})
     merged.update({label: files_fingerprint(paths) for label, paths in own.items()})
     return merged
-
-
-def load_tokenizer(model_dir: Path):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def run_logger(run: Run):

@@ -7,11 +7,12 @@ run>``, see :mod:`smolforge.alignment.rewards`) and trains with TRL. Before and 
 answers the held-out prompts greedily; the mean verifier reward of both lands in run.json as
 ``rl/heldout_reward_before`` and ``rl/heldout_reward_after``, which is how a recipe shows RL helped.
 
-Generation (``generation:``, chosen by :func:`smolforge.alignment.generation.pick_backend`, logged once):
+Generation (``generation:``, chosen by :func:`smolforge.generation.backends.pick_backend`, logged once):
 ``trainer.use_vllm: true`` hands rollouts to TRL's own vLLM modes as configured. Otherwise
-``auto`` picks TRL's colocate mode on a CUDA GPU with vLLM; on a CPU machine with vLLM's CPU
-build, GRPO samples from a vLLM server that holds the policy (TRL's ``rollout_func`` hook,
-weights reloaded in place after each optimizer step, :mod:`smolforge.alignment.vllm_rollouts`); RLOO has
+``auto`` picks TRL's colocate mode (the ``vllm`` backend: an engine in this process) on a CUDA GPU
+with vLLM; on a CPU machine with vLLM's CPU build, GRPO samples from a vLLM server that holds the
+policy (``vllm-server``: TRL's ``rollout_func`` hook, weights reloaded in place after each
+optimizer step, :mod:`smolforge.generation.rollouts`); RLOO has
 no such hook in TRL and generates with HF there. Elsewhere, HF ``generate``.
 
     >>> sorted(OnlineRecipe().__dataclass_fields__)[:3]
@@ -28,8 +29,9 @@ from smolforge.errors import RecipeError
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
-from .common import (lineage_fingerprints, load_tokenizer, model_parent, run_logger,
-                     split_heldout, train_summary, trainer_defaults)
+from smolforge.generation.prompts import load_tokenizer
+
+from .common import lineage_fingerprints, model_parent, run_logger, split_heldout, train_summary, trainer_defaults
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +46,7 @@ class OnlineRecipe:
     rewards: list = field(default_factory=lambda: ["answer_match"])  # reward functions or run:<reward run>
     heldout_fraction: float = 0.2     # prompts kept out of training to measure the reward before/after
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
-    generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.alignment.generation)
+    generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
 
 
 def online_defaults(**overrides) -> dict:
@@ -76,13 +78,13 @@ def reward_functions(names: list, runs: Runs) -> list[Callable]:
 
 def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool) -> tuple[str, str]:
     """(backend, why) without side effects: "trl-vllm", "vllm-server" or "hf"; RecipeError when impossible."""
-    from .generation import pick_backend
+    from smolforge.generation.backends import pick_backend
 
     if recipe.trainer.use_vllm:
         return "trl-vllm", f"TRL's vLLM {recipe.trainer.vllm_mode} mode (trainer.use_vllm)"
     backend = pick_backend(recipe.generation, model_dir)
     if backend == "vllm":
-        return "trl-vllm", "TRL's vLLM colocate mode"
+        return "trl-vllm", "TRL's vLLM colocate mode (an engine in this process)"
     if backend == "vllm-server" and not has_rollout_hook:
         if recipe.generation == "vllm":
             raise RecipeError("generation: vllm on CPU needs TRL's rollout_func hook, which this trainer lacks; "
@@ -118,7 +120,7 @@ def server_rollout_func(rollouts, tokenizer, args) -> Callable:
     The policy's weights are pushed to the server whenever the trainer's step has moved since
     the last push. TRL's sampler already repeats each prompt ``num_generations`` times.
     """
-    from .generation import encode_prompts
+    from smolforge.generation.prompts import encode_prompts
 
     synced = {"step": 0}  # the server starts on the parent's weights = the policy at step 0
 
@@ -165,7 +167,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
         log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
         rollouts = None
         if backend == "vllm-server":
-            from .vllm_rollouts import ServerRollouts
+            from smolforge.generation.rollouts import ServerRollouts
 
             rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts",
                                       seed=recipe.trainer.seed).start()

@@ -17,10 +17,10 @@ that trainer (itself following "The N Implementation Details of RLHF with PPO", 
 TRL's log-softmax/entropy kernels and its ``unwrap_model_for_generation``. One step:
 
 1. sample ``batch_size`` training prompts (shuffled epochs of the split) and generate one
-   completion each with the policy (:mod:`smolforge.alignment.generation`; temperature sampling from the
+   completion each with the policy (:mod:`smolforge.generation`; temperature sampling from the
    full softmax, stopping at eos). With vLLM installed (``generation: auto``) a vLLM server
    holds the policy and samples; its weights are reloaded in place before every rollout
-   (:mod:`smolforge.alignment.vllm_rollouts`); otherwise HF ``generate``;
+   (:mod:`smolforge.generation.rollouts`); otherwise HF ``generate``;
 2. score each completion: the weighted sum of the reward functions (None = "does not apply"
    adds nothing), minus ``missing_eos_penalty`` when it never ended;
 3. with one forward each (no gradients) take the log-probs of the sampled tokens under the
@@ -72,7 +72,9 @@ from smolforge.errors import RecipeError
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
-from .common import lineage_fingerprints, load_tokenizer, model_parent, split_heldout
+from smolforge.generation.prompts import load_tokenizer
+
+from .common import lineage_fingerprints, model_parent, split_heldout
 from .online import OnlineRecipe
 
 log = logging.getLogger(__name__)
@@ -107,7 +109,7 @@ class Recipe(OnlineRecipe):
     name: str = "ppo-demo"            # run name
     # parent, data, rewards, heldout_fraction, eval_max_new_tokens: see smolforge.alignment.online.OnlineRecipe
     reward_weights: list | None = None  # one weight per reward (default: 1 each); the score is the weighted sum
-    generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.alignment.generation)
+    generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
     ppo: PPOSpec = field(default_factory=PPOSpec)  # the PPO loop's settings
 
 
@@ -172,10 +174,10 @@ def reward_functions(recipe: Recipe, runs: Runs) -> list:
 
 def validate(recipe: Recipe, runs: Runs) -> None:
     """Numbers, parent model, prompt rows, rewards (each called once on two rows' gold answers)."""
-    from .generation import pick_backend
+    from smolforge.generation.backends import pick_backend
 
     _check_numbers(recipe)
-    pick_backend(recipe.generation, model_parent(runs, recipe.parent).model_dir)
+    pick_backend(recipe.generation, model_parent(runs, recipe.parent).model_dir, accepts=("vllm-server",))
     _, _, train, _ = load_prompts(recipe, runs)
     probe = train[:2]
     texts = [str(row.get("answer") or "") for row in probe]
@@ -369,7 +371,7 @@ def make_rollout(query_ids: list[list[int]], completion_ids: list[list[int]], pa
     """
     import torch
 
-    from .generation import left_pad
+    from smolforge.generation.prompts import left_pad
 
     queries, query_mask = left_pad(query_ids, pad_id)
     width = max(1, max(len(c) for c in completion_ids))
@@ -421,7 +423,9 @@ def ppo_step(models: Models, spec: PPOSpec, rows: list[dict], reward_fns: list, 
     from trl.trainer.utils import entropy_from_logits
 
     from . import ppo_math as pm
-    from .generation import encode_prompts, generate
+    from smolforge.generation.hf import HFSampler
+    from smolforge.generation.prompts import encode_prompts
+    from smolforge.generation.rollouts import ServerSampler
 
     accelerator, tokenizer = models.accelerator, models.tokenizer
     started = time.perf_counter()
@@ -429,9 +433,9 @@ def ppo_step(models: Models, spec: PPOSpec, rows: list[dict], reward_fns: list, 
     with unwrap_model_for_generation(models.model, accelerator) as unwrapped:
         if rollouts is not None:
             rollouts.sync(unwrapped.policy)
-        outputs = generate(unwrapped.policy, tokenizer, prompts, max_new_tokens=spec.max_new_tokens,
-                           temperature=spec.temperature, do_sample=True, rollouts=rollouts)
-    texts, completion_ids = [t for t, _ in outputs], [ids for _, ids in outputs]
+        sampler = ServerSampler(rollouts, tokenizer) if rollouts is not None else HFSampler(unwrapped.policy, tokenizer)
+        outputs = sampler.sample(prompts, max_new_tokens=spec.max_new_tokens, temperature=spec.temperature)
+    texts, completion_ids = [s.text for s in outputs], [s.token_ids for s in outputs]
     generated = time.perf_counter()
 
     scores, reward_means = score_completions(reward_fns, weights, rows, texts, completion_ids)
@@ -559,7 +563,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from smolforge.data.jsonl import write_jsonl
 
     from . import ppo_math as pm
-    from .generation import pick_backend
+    from smolforge.generation.backends import pick_backend
 
     spec = recipe.ppo
     accelerator = Accelerator()
@@ -568,7 +572,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     paths, data_run, train, heldout = load_prompts(recipe, runs)
     reward_fns = reward_functions(recipe, runs)
     parents = [parent] + ([data_run] if data_run else [])
-    backend = pick_backend(recipe.generation, parent.model_dir)
+    backend = pick_backend(recipe.generation, parent.model_dir, accepts=("vllm-server",))
     if backend != "hf" and accelerator.num_processes > 1:
         log.info("ppo: %d processes; vLLM rollouts serve one process, so each generates with HF",
                  accelerator.num_processes)
@@ -586,7 +590,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         batches = _batches(train, spec.batch_size, rng)
         rollouts = None
         if backend != "hf":
-            from .vllm_rollouts import ServerRollouts
+            from smolforge.generation.rollouts import ServerRollouts
 
             rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts", seed=spec.seed).start()
         started = time.perf_counter()

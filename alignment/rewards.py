@@ -29,115 +29,18 @@ from __future__ import annotations
 import difflib
 import importlib
 import math
-import re
 from collections.abc import Callable, Sequence
 from numbers import Real
 from pathlib import Path
 from typing import Any
 
 from smolforge.errors import DataError, RecipeError, RunError
+from smolforge.generation.verifiers import answer_match, arith_verifier, completion_text, prompt_text
 
 __all__ = ["BUILTINS", "answer_match", "arith_verifier", "resolve", "checked", "RewardModelScorer",
            "score_pairs", "mean_reward", "completion_text", "prompt_text"]
 
 RewardFn = Callable[..., list]
-_TRAILING = ".!?,;: \t\n"
-_SUM = re.compile(r"(-?\d+)\s*(?:and|plus|\+)\s*(-?\d+)", re.IGNORECASE)
-_NUMBER = re.compile(r"-?\d+")
-
-
-# --------------------------------------------------------------------------- text of a sample
-
-
-def completion_text(completion: Any) -> str:
-    """The text of a completion: a string, a message, or a list of messages (their contents joined).
-
-    >>> completion_text([{"role": "assistant", "content": "Hi."}]), completion_text(None)
-    ('Hi.', '')
-    """
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, dict):
-        return str(completion.get("content") or "")
-    if isinstance(completion, (list, tuple)):
-        return "\n".join(completion_text(m) for m in completion if m is not None)
-    return str(completion)
-
-
-def prompt_text(prompt: Any) -> str:
-    """The text of a prompt: a string, or the last user message of a conversation.
-
-    >>> prompt_text([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add 1 and 2."}])
-    'Add 1 and 2.'
-    """
-    if isinstance(prompt, (list, tuple)):
-        users = [m for m in prompt if isinstance(m, dict) and m.get("role") == "user"]
-        return completion_text((users or list(prompt))[-1:])
-    return completion_text(prompt)
-
-
-def _normalise(text: str) -> str:
-    """Lower case, single spaces, no trailing punctuation: ``' The Sum IS 7 .'`` → ``'the sum is 7'``."""
-    return " ".join(text.lower().split()).rstrip(_TRAILING)
-
-
-def _last_word(text: str) -> str:
-    words = _normalise(text).split()
-    return words[-1].strip("\"'()[]{}.,;:!?") if words else ""
-
-
-# --------------------------------------------------------------------------- verifiers
-
-
-def answer_match(prompts: list, completions: list, answer: list[str] | None = None, **kwargs) -> list[float]:
-    """1.0 when the completion states the answer, 0.5 when it ends with the answer's key value, else 0.
-
-    Both sides are normalised (case, whitespace, trailing punctuation). "States the answer": the
-    completion equals the answer or ends with it ("Sure, 3 plus 4 is 7."). The key value is the
-    answer's last word (the sum, or the colour/town/food); partial credit needs it as the
-    completion's *last* word, so "3 plus 7 is 10" earns nothing for "3 plus 4 is 7" and listing
-    every candidate earns no more than naming one. Empty or None completions score 0.
-    """
-    if answer is None:
-        raise DataError("answer_match needs an 'answer' column (prompt rows with answers, e.g. a data "
-                        "run's prompts); use arith_verifier or a reward model for prompts without one")
-    if len(answer) != len(completions):
-        raise DataError(f"answer_match got {len(answer)} answers for {len(completions)} completions")
-    scores = []
-    for completion, expected in zip(completions, answer):
-        text, gold = _normalise(completion_text(completion)), _normalise(expected or "")
-        if not text or not gold:
-            scores.append(0.0)
-        elif text == gold or text.endswith(" " + gold):
-            scores.append(1.0)
-        elif _last_word(text) == _last_word(gold):
-            scores.append(0.5)
-        else:
-            scores.append(0.0)
-    return scores
-
-
-def arith_verifier(prompts: list, completions: list, **kwargs) -> list[float | None]:
-    """1.0 when the completion's last number is a+b for the sum the prompt asks ("a and b", "a plus b",
-    "a + b"), else 0.0; None for a prompt that asks no sum (TRL leaves it out of the total).
-
-    Needs no stored answer: it recomputes the sum from the prompt.
-
-    >>> arith_verifier(["Add 2 and 9.", "Where does Kalo live?"], ["That makes 11", "Kesh"])
-    [1.0, None]
-    """
-    scores: list[float | None] = []
-    for prompt, completion in zip(prompts, completions):
-        found = _SUM.search(prompt_text(prompt))
-        if found is None:
-            scores.append(None)
-            continue
-        numbers = _NUMBER.findall(completion_text(completion))
-        expected = int(found.group(1)) + int(found.group(2))
-        scores.append(1.0 if numbers and int(numbers[-1]) == expected else 0.0)
-    return scores
 
 
 BUILTINS: dict[str, RewardFn] = {"answer_match": answer_match, "arith_verifier": arith_verifier}
@@ -321,7 +224,7 @@ class RewardModelScorer:
         import torch
         from transformers import AutoModelForSequenceClassification
 
-        from .common import load_tokenizer
+        from smolforge.generation.prompts import load_tokenizer
 
         path = Path(run_path)
         model_dir = path if (path / "config.json").is_file() else path / "model"
@@ -353,12 +256,12 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
     """Greedy completions for held-out prompt rows, scored: ``(mean summed reward, per-row details)``.
 
     ``rows`` are prompt rows (``{"prompt", "answer"?, "kind"?...}``); their other columns reach the
-    reward functions as keyword lists, as in TRL. Generation is batched with left padding, through
-    the chat template (``add_generation_prompt=True``) for conversational prompts, and stops at
-    eos. A reward of None (not applicable) adds nothing to a row's total. Each detail is
+    reward functions as keyword lists, as in TRL. Generation is greedy through
+    :class:`~smolforge.generation.hf.HFSampler` (batched, left-padded, chat template for
+    conversational prompts, stopping at the model's end tokens). A reward of None (not applicable) adds nothing to a row's total. Each detail is
     ``{"prompt", "completion", "rewards": {name: value}, "total"}`` plus the row's other columns.
     """
-    import torch
+    from smolforge.generation.hf import HFSampler
 
     if callable(reward_fns):
         reward_fns = [reward_fns]
@@ -369,25 +272,9 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
     if not rows:
         return 0.0, []
     conversational = isinstance(rows[0]["prompt"], (list, tuple))
-    texts = [tokenizer.apply_chat_template(list(r["prompt"]), tokenize=False, add_generation_prompt=True)
-             if conversational else completion_text(r["prompt"]) for r in rows]
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    was_training = model.training
-    model.eval()
-    outputs: list[str] = []
-    try:
-        with torch.inference_mode():
-            for start in range(0, len(texts), batch_size):
-                batch = tokenizer(texts[start:start + batch_size], return_tensors="pt", padding=True,
-                                  padding_side="left", add_special_tokens=not conversational)
-                batch = {k: v.to(_device(model)) for k, v in batch.items()}
-                generated = model.generate(**batch, max_new_tokens=max_new_tokens, do_sample=False,
-                                           eos_token_id=tokenizer.eos_token_id, pad_token_id=pad_id,
-                                           use_cache=True)
-                new = generated[:, batch["input_ids"].shape[1]:]
-                outputs += [t.strip() for t in tokenizer.batch_decode(new, skip_special_tokens=True)]
-    finally:
-        model.train(was_training)
+    sampler = HFSampler(model, tokenizer, batch_size=batch_size)
+    samples = sampler.sample([r["prompt"] for r in rows], max_new_tokens=max_new_tokens, temperature=0.0)
+    outputs = [sample.text.strip() for sample in samples]
 
     prompts = [r["prompt"] for r in rows]
     completions = [[{"role": "assistant", "content": t}] for t in outputs] if conversational else outputs

@@ -9,15 +9,14 @@
 
 With two runs the ``k`` slots alternate between them (k=2: one answer each, an A/B review). Each run
 samples its share with the recipe's settings (``temperature``, ``top_p``, ``max_new_tokens``,
-``seed``), through :func:`smolforge.alignment.generation.generate`: batched HF ``generate`` in this process,
-or a vLLM server holding the run's model (``backend: vllm``; the GPU build or vLLM's CPU build,
-see :func:`smolforge.alignment.generation.pick_backend`). The same seed gives the same texts on HF, so
+``seed``), through :func:`smolforge.generation.sampler.open_sampler`: batched HF ``generate`` in this
+process, or a vLLM server holding the run's model (``vllm-server``; the GPU build or vLLM's CPU
+build, see :func:`smolforge.generation.backends.pick_backend`). The same seed gives the same texts on HF, so
 pushing again updates the same records with the same responses.
 """
 from __future__ import annotations
 
 import logging
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -41,28 +40,12 @@ def response_runs(run_names: Sequence[str], k: int) -> list[str]:
 
 def _sample_one_run(model_dir: Path, prompts: Sequence[Any], n: int, sampling: Mapping[str, Any], backend: str,
                     batch_size: int) -> list[list[str]]:
-    import torch
-    from transformers import AutoModelForCausalLM
+    from smolforge.generation.sampler import open_sampler
 
-    from smolforge.alignment.common import load_tokenizer
-    from smolforge.alignment.generation import generate
-
-    tokenizer = load_tokenizer(model_dir)
-    kwargs = {"max_new_tokens": int(sampling["max_new_tokens"]), "temperature": float(sampling["temperature"]),
-              "top_p": float(sampling["top_p"]), "do_sample": float(sampling["temperature"]) > 0,
-              "num_return_sequences": n}
-    if backend in ("vllm", "vllm-server"):
-        from smolforge.alignment.vllm_rollouts import ServerRollouts
-
-        with tempfile.TemporaryDirectory(prefix="smolforge-push-") as workdir, \
-                ServerRollouts(model_dir, workdir, seed=int(sampling["seed"])) as rollouts:
-            flat = generate(None, tokenizer, list(prompts), rollouts=rollouts, **kwargs)
-    else:
-        torch.manual_seed(int(sampling["seed"]))
-        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, use_safetensors=True)
-        flat = generate(model, tokenizer, list(prompts), batch_size=batch_size, **kwargs)
-        del model
-    texts = [text.strip() for text, _ in flat]
+    with open_sampler(model_dir, backend, seed=int(sampling["seed"]), batch_size=batch_size) as sampler:
+        flat = sampler.sample(list(prompts), max_new_tokens=int(sampling["max_new_tokens"]), n=n,
+                              temperature=float(sampling["temperature"]), top_p=float(sampling["top_p"]))
+    texts = [sample.text.strip() for sample in flat]
     return [texts[i * n:(i + 1) * n] for i in range(len(prompts))]
 
 

@@ -5,7 +5,7 @@ A person reviews in Argilla's UI; the demo pipeline and the tests have nobody to
 each answers every record with its own API key, exactly as the SDK would for a person.
 
 Their judgement is a verifier: a response that states the prompt's reference answer beats one that
-does not (:func:`smolforge.alignment.rewards.answer_match`: 1 exact, 0.5 right key value, 0 otherwise).
+does not (:func:`smolforge.generation.verifiers.answer_match`: 1 exact, 0.5 right key value, 0 otherwise).
 Equal scores are a ``tie`` (two responses) or a shared rank. With ``noise`` > 0 each annotator
 answers something else at that rate (seeded per annotator and record), so agreement is below 1
 as with people. A record whose responses are all empty is discarded.
@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from smolforge.alignment.rewards import answer_match
+from smolforge.generation.verifiers import answer_match
 from smolforge.errors import RecipeError, ServiceError
 
 from .records import TIE

@@ -218,11 +218,11 @@ def push(recipe: Recipe, runs: Runs, url: str, api_key: str) -> tuple[dict, dict
 
 
 def _backend(recipe: Recipe, model_dirs: dict[str, Path]) -> str:
-    from smolforge.alignment.generation import pick_backend
+    from smolforge.generation.backends import pick_backend
 
     if recipe.generation == "hf":
         return "hf"
-    choices = {pick_backend(recipe.generation, path) for path in model_dirs.values()}
+    choices = {pick_backend(recipe.generation, path, accepts=("vllm-server",)) for path in model_dirs.values()}
     return "hf" if "hf" in choices else choices.pop()
 
 

@@ -44,7 +44,7 @@ def run_hf(model_dir: Path, prompts: list[list[int]], new_tokens: int, repeats: 
     import torch
     from transformers import AutoModelForCausalLM
 
-    from smolforge.alignment.generation import left_pad
+    from smolforge.generation.prompts import left_pad
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
@@ -65,17 +65,14 @@ def run_hf(model_dir: Path, prompts: list[list[int]], new_tokens: int, repeats: 
 
 
 def run_vllm_engine(model_dir: Path, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
-    from smolforge.vllm_server import cuda_present, server_env
+    from smolforge.generation.inprocess import engine_kwargs, prepare_process
 
-    if not cuda_present():
-        os.environ.update({k: v for k, v in server_env(cpu=True).items() if k.startswith("VLLM_")})
-        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    prepare_process()
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    cpu = {"dtype": "float32", "enforce_eager": True} if not cuda_present() else {}
     started = time.perf_counter()
-    llm = LLM(model=str(model_dir), max_model_len=512, seed=0, **cpu)
+    llm = LLM(model=str(model_dir), max_model_len=512, seed=0, **engine_kwargs())
     startup = time.perf_counter() - started
     params = SamplingParams(temperature=0.0, max_tokens=new_tokens, ignore_eos=True)
     batch = [TokensPrompt(prompt_token_ids=p) for p in prompts]
@@ -92,7 +89,7 @@ def run_vllm_engine(model_dir: Path, prompts: list[list[int]], new_tokens: int, 
 
 
 def run_vllm_server(model_dir: Path, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
-    from smolforge.vllm_server import VLLMServer
+    from smolforge.generation.server import VLLMServer
 
     with VLLMServer(model_dir, served_name="bench", max_model_len=512) as server:
         payload = {"model": "bench", "prompt": prompts, "max_tokens": new_tokens, "temperature": 0.0,
@@ -100,7 +97,7 @@ def run_vllm_server(model_dir: Path, prompts: list[list[int]], new_tokens: int, 
 
         def once() -> float:
             began = time.perf_counter()
-            reply = server.post("/v1/completions", payload)
+            reply = server.openai.completions(payload)
             assert sum(c["finish_reason"] == "length" for c in reply["choices"]) == len(prompts)
             return time.perf_counter() - began
 

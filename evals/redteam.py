@@ -20,7 +20,7 @@ Markers and canaries match with case and every non-letter/digit ignored (``CNRY-
 pass rate beside the rule. Per category the result has ``n``, the failure rate
 (``attack_success_rate`` for attacks, ``over_refusal_rate`` for benign prompts) and its binomial
 stderr ``sqrt(p(1 - p) / n)``. An optional judge (any generator, e.g. an
-:class:`~smolforge.evals.generators.EndpointGenerator`) answers a yes/no question per reply; its verdicts
+:class:`~smolforge.generation.chat.EndpointGenerator`) answers a yes/no question per reply; its verdicts
 and agreement with the rules are reported beside them, and the rules stay the score.
 
     >>> suite = load_redteam_suite("redteam")
@@ -50,7 +50,7 @@ from smolforge.recipe import build, load_yaml
 from smolforge.runs import Run, atomic_writer, fingerprint, write_json_atomic
 from smolforge.table import render_table
 
-from .generators import Generate, check_replies, hf_generator
+from smolforge.generation.chat import Generate, check_replies, hf_generator
 
 __all__ = [
     "SUITE_FILE", "RULES", "DEFAULT_REFUSAL_MARKERS", "RefusalRules", "Item", "Category", "RedteamSuite",
@@ -603,9 +603,9 @@ def score_model(model: str | Path | Generate, suite: str | Path | RedteamSuite =
                 progress: bool = True) -> dict:
     """Have ``model`` answer every item of ``suite`` and score the replies; returns the full result.
 
-    ``model`` is an HF model folder (run in-process by :func:`~smolforge.evals.generators.hf_generator` with
+    ``model`` is an HF model folder (run in-process by :func:`~smolforge.generation.chat.hf_generator` with
     ``max_new_tokens``, ``batch_size``, ``device``) or any ``generate(conversations) -> replies``
-    function, e.g. an :class:`~smolforge.evals.generators.EndpointGenerator`. ``categories`` picks some
+    function, e.g. an :class:`~smolforge.generation.chat.EndpointGenerator`. ``categories`` picks some
     (default all), ``limit`` keeps the first N items of each. ``judge`` is an optional generator
     asked each category's yes/no question. Conversations go to the generator ``chunk`` at a time
     (with a progress bar when ``progress``).

@@ -178,7 +178,7 @@ def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], back
 
     ``endpoint`` without a recipe URL serves the run itself (a vLLM server for the duration).
     """
-    from smolforge.vllm_server import VLLMServer
+    from smolforge.generation.server import VLLMServer
 
     started = time.perf_counter()
     device = _device(recipe.device)
@@ -236,9 +236,10 @@ def _print_scores(target: Run, suite: Suite, task_names: list[str], scored: dict
 
 
 def _run_redteam(recipe: Recipe, target: Run) -> Run:
-    from .generators import EndpointGenerator
+    from smolforge.generation.chat import EndpointGenerator
+    from smolforge.generation.server import VLLMServer
+
     from .redteam import evaluate_run, format_table
-    from smolforge.vllm_server import VLLMServer
 
     options = dict(limit=recipe.limit, max_new_tokens=recipe.max_new_tokens, batch_size=min(recipe.batch_size, 16),
                    device=_device(recipe.device))

@@ -1,1 +1,21 @@
-"""smolforge.generation: the one place where text is sampled (placeholder, filled below)."""
+"""Generation: the one place where smolforge samples text, below every stage that needs it.
+
+- ``prompts``: the tokenizer, chat rendering, token ids, left padding, the model's end tokens;
+- ``sampler``: the interface every caller uses (``Sampler.sample`` → ``Sample``) and ``open_sampler``;
+- ``hf``: HF ``generate`` as a sampler;
+- ``backends``: which sampler runs here (``hf``, ``vllm`` in-process, ``vllm-server``);
+- ``inprocess``: the settings of a vLLM engine inside a process (lm-eval, TRL colocate, benches);
+- ``server``: the vLLM OpenAI-compatible server process (start, ready, stop by PID);
+- ``rollouts``: sampling through that server, and pushing RL policy weights into it in place;
+- ``client``: the one HTTP client for OpenAI-compatible servers (timeouts, retries, safe errors);
+- ``chat``: conversations → replies (HF or an endpoint), for the red team and judges;
+- ``verifiers``: answer checks shared by RL rewards and scripted annotators;
+- ``serve``: ``smolforge serve RUN``.
+
+It imports the spine (``smolforge.errors``, ``smolforge.processes``, ``smolforge.runs``) and
+nothing above it; alignment, evals and annotate import it.
+
+    >>> from smolforge.generation.verifiers import answer_match
+    >>> answer_match(["Add 3 and 4."], ["3 plus 4 is 7."], answer=["3 plus 4 is 7."])
+    [1.0]
+"""

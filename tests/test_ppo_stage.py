@@ -53,7 +53,7 @@ def ppo_run(runs, sft_run, data_run):
 def test_ppo_stage_trains_logs_and_writes_a_loadable_model(ppo_run, sft_run):
     from transformers import AutoModelForCausalLM
 
-    from smolforge.alignment.common import load_tokenizer
+    from smolforge.generation.prompts import load_tokenizer
 
     assert ppo_run.status == "done" and ppo_run.stage == "ppo"
     lines = [json.loads(line) for line in ppo_run.metrics_path.read_text().splitlines()]
@@ -146,31 +146,3 @@ def test_reward_returning_the_wrong_length_is_named(runs, sft_run, data_run):
     rows = [{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": "y"}]
     with pytest.raises(RecipeError, match="'one_value' returned 1 values for 2 completions"):
         ppo.score_completions([one_value], None, rows, ["x", "y"], [[], []])
-
-
-def test_generation_stops_at_eos_and_returns_the_token_ids(sft_run):
-    from transformers import AutoModelForCausalLM
-
-    from smolforge.alignment.common import load_tokenizer
-    from smolforge.alignment.generation import generate, pick_backend
-
-    assert pick_backend() == ("vllm" if torch.cuda.is_available() and _has_vllm() else "hf")
-    model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir)
-    tokenizer = load_tokenizer(sft_run.model_dir)
-    prompts = [[{"role": "user", "content": "Add 1 and 2."}], [{"role": "user", "content": "What is 3 plus 4?"}]]
-    torch.manual_seed(0)
-    outputs = generate(model, tokenizer, prompts, max_new_tokens=6, temperature=1.0, do_sample=True,
-                       num_return_sequences=2)
-    assert len(outputs) == 4
-    for text, ids in outputs:
-        assert 1 <= len(ids) <= 6
-        assert tokenizer.eos_token_id not in ids[:-1]                # nothing after the first eos
-        assert text == tokenizer.decode(ids, skip_special_tokens=True)
-    greedy = generate(model, tokenizer, prompts, max_new_tokens=6, do_sample=False)
-    assert greedy == generate(model, tokenizer, prompts, max_new_tokens=6, do_sample=False, batch_size=1)
-
-
-def _has_vllm() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None

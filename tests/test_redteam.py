@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from smolforge.evals.generators import EndpointGenerator, hf_generator
+from smolforge.generation.chat import EndpointGenerator, hf_generator
 from smolforge.evals.redteam import (Item, RefusalRules, binomial, evaluate_run, is_redteam_suite, load_redteam_suite,
                            metrics_for_run, score_model, score_output, write_results)
 from smolforge.errors import DataError, RecipeError, ServiceError

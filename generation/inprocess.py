@@ -1,0 +1,36 @@
+"""A vLLM engine inside the caller's process: the settings it needs on this machine.
+
+    >>> sorted(engine_kwargs(cpu=True))
+    ['dtype', 'enforce_eager']
+    >>> engine_kwargs(cpu=False, gpu_memory_utilization=0.4)
+    {'gpu_memory_utilization': 0.4}
+
+The libraries that own an engine build it (lm-eval's ``vllm`` model, TRL's colocate mode,
+``vllm.LLM`` in the benches); this module gives them the same settings everywhere. On a machine
+without CUDA (vLLM's CPU build) the engine runs in fp32, eager mode, with a 1 GiB KV cache and its
+engine core in this process (:func:`prepare_process`; the environment must be set before vLLM
+is imported). Once an engine exists in a process, HF cannot load SmolLM3 there any more (vLLM
+patches the class): load HF models first.
+"""
+from __future__ import annotations
+
+import os
+
+from .backends import cuda_present
+from .server import server_env
+
+__all__ = ["prepare_process", "engine_kwargs"]
+
+
+def prepare_process(*, cpu: bool | None = None) -> None:
+    """Set this process's vLLM environment for an in-process engine (CPU: KV cache, threads, no engine process)."""
+    if cpu if cpu is not None else not cuda_present():
+        os.environ.update({k: v for k, v in server_env(cpu=True).items() if k.startswith("VLLM_")})
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def engine_kwargs(*, cpu: bool | None = None, gpu_memory_utilization: float = 0.5) -> dict:
+    """Keyword arguments for the engine: fp32 + eager on CPU; a share of GPU memory on a GPU."""
+    if cpu if cpu is not None else not cuda_present():
+        return {"dtype": "float32", "enforce_eager": True}
+    return {"gpu_memory_utilization": gpu_memory_utilization}
