@@ -55,7 +55,6 @@ def noisy(value: Any, k: int, rng: random.Random) -> Any:
 def scripted_users(url: str, owner_key: str, workspace: str, count: int) -> list[tuple[str, str]]:
     """``[(username, api_key)]`` of ``count`` annotator users in ``workspace``, created when missing."""
     import argilla as rg
-    import httpx
 
     from .push import quiet
     from .server import connect
@@ -72,7 +71,8 @@ def scripted_users(url: str, owner_key: str, workspace: str, count: int) -> list
             user = rg.User(username=name, password=SCRIPTED_PASSWORD, role="annotator", client=owner).create()
         if name not in {u.username for u in space.users}:
             space.add_user(user)
-        reply = httpx.get(f"{url}/api/v1/users/{user.id}", headers={"X-Argilla-Api-Key": owner_key}, timeout=30)
+        # the SDK's user model drops the key; the v1 route (through the SDK's own client) has it
+        reply = owner.api.http_client.get(f"/api/v1/users/{user.id}")
         if reply.status_code != 200 or "api_key" not in reply.json():
             raise ServiceError(f"scripted annotators: cannot read {name}'s API key (HTTP {reply.status_code})")
         out.append((name, reply.json()["api_key"]))

@@ -184,14 +184,14 @@ def connect(url: str, api_key: str):
     """An ``argilla.Argilla`` client for ``url``; a ServiceError when the server is not reachable or
     rejects the key (the key itself is never part of the message)."""
     import argilla as rg
-    import httpx
     from argilla._exceptions import ArgillaCredentialsError
+    from httpx import HTTPError
 
     try:
         return rg.Argilla(api_url=url, api_key=api_key)
     except ArgillaCredentialsError:
         raise ServiceError(f"Argilla at {url} rejected the API key (HTTP 401); set ARGILLA_API_KEY to the "
                            "owner's or an annotator's key") from None
-    except httpx.HTTPError as err:
+    except HTTPError as err:  # raised by the SDK's HTTP client
         raise ServiceError(f"Argilla is not reachable at {url} ({err}); start it with `smolforge annotate serve` "
                            "or check the URL") from None

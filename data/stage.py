@@ -27,6 +27,7 @@ Then, streaming:
 from __future__ import annotations
 
 import difflib
+import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -309,3 +310,9 @@ def summary(run: Run) -> str:
     """The readable data card, printed by ``smolforge data prepare``."""
     path = run.path / "data_card.md"
     return path.read_text(encoding="utf-8") if path.is_file() else ""
+
+
+def as_json(run: Run) -> dict:
+    """The data card as one JSON object, printed by ``smolforge data prepare RECIPE --json``."""
+    path = run.path / "data_card.json"
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else run.info

@@ -1,9 +1,9 @@
 """An optional Prometheus endpoint exposing a run's latest training metrics.
 
-    >>> import urllib.request
+    >>> from smolforge.processes import http_text
     >>> with MetricsServer(port=0, run="pretrain-demo") as server:   # port 0: any free port
     ...     server.update({"loss": 1.5, "rewards/margins": 0.25, "note": "skipped"})
-    ...     page = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics").read().decode()
+    ...     page = http_text(f"http://127.0.0.1:{server.port}/metrics")
     >>> 'smolforge_train_loss{run="pretrain-demo"} 1.5' in page
     True
     >>> 'smolforge_train_rewards_margins{run="pretrain-demo"} 0.25' in page

@@ -46,7 +46,6 @@ import dataclasses
 import difflib
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -58,7 +57,8 @@ import yaml
 from smolforge.errors import RecipeError, RunError
 from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
 from smolforge.recipe import apply_overrides, load_yaml, set_path
-from smolforge.registry import MODEL_STAGES, stages, unknown_stage_message
+from smolforge.processes import exit_text, run_showing_output
+from smolforge.registry import EVAL_STAGE, MODEL_STAGES, commands, stages, unknown_stage_message
 from smolforge.runs import Run, Runs, utc_now, wall_seconds, write_json_atomic
 from smolforge.table import print_table
 
@@ -110,7 +110,7 @@ class Pipeline:
                 recipe["name"] = f"eval-{run_name}" if index == 0 else f"eval{index + 1}-{run_name}"
             recipe["run"] = run_name
             label = f"{after.label} eval" if index == 0 else f"{after.label} eval {index + 1}"
-            steps.append(Step(label, "eval", recipe, f"{self.path} (eval)"))
+            steps.append(Step(label, EVAL_STAGE, recipe, f"{self.path} (eval)"))
         return steps
 
     def eval_step(self, after: Step, run_name: str) -> Step:
@@ -174,11 +174,11 @@ def _load_eval(item: Any, base: Path, source: str) -> dict:
         recipe, where = load_yaml(base / str(item)), str(base / str(item))
     elif isinstance(item, dict):
         recipe = copy.deepcopy(item)
-        recipe.setdefault("stage", "eval")
+        recipe.setdefault("stage", EVAL_STAGE)
     else:
         raise RecipeError(f"{where} must be a recipe path or an inline eval recipe, got {item!r}")
-    if recipe.get("stage") != "eval":
-        raise RecipeError(f"{where}: the pipeline's eval recipe must have stage: eval, "
+    if recipe.get("stage") != EVAL_STAGE:
+        raise RecipeError(f"{where}: the pipeline's eval recipe must have stage: {EVAL_STAGE}, "
                           f"got {recipe.get('stage')!r}")
     return recipe
 
@@ -223,7 +223,7 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
     listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
     eval_recipes = [_load_eval(item, base, source) for item in listed]
 
-    present = {s.stage for s in steps} | ({"eval"} if eval_recipes else set())
+    present = {s.stage for s in steps} | ({EVAL_STAGE} if eval_recipes else set())
     for stage, override in _split_sets(sets, source):
         if stage not in present:
             raise RecipeError(
@@ -233,7 +233,7 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
         for step in steps:
             if step.stage == stage:
                 step.recipe = apply_overrides(step.recipe, [override], "--set")
-        if stage == "eval":
+        if stage == EVAL_STAGE:
             eval_recipes = [apply_overrides(r, [override], "--set") for r in eval_recipes]
 
     seen: dict[str, str] = {}
@@ -255,14 +255,24 @@ def _child_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("HF_HUB_OFFLINE", "1")
     env.setdefault("HF_DATASETS_OFFLINE", "1")
-    here = str(Path(__file__).resolve().parent.parent)  # so the child finds this smolforge
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH", "")) if p)
     return env
 
 
+@dataclasses.dataclass
+class StepResult:
+    code: int                       # exit code (negative: killed by that signal)
+    name: str | None                # the step's run name, when known
+    tail: list[str]                 # its last output lines
+
+    @property
+    def reported(self) -> bool:
+        """Whether the step printed its own error last (``RunError: …``), as smolforge's CLI does."""
+        return bool(self.tail) and self.tail[-1].split(":", 1)[0].endswith("Error")
+
+
 def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,
-              quiet_stdout: bool) -> tuple[int, str | None]:
-    """Run one step in a subprocess; returns (exit code, run name or None if unknown)."""
+              quiet_stdout: bool) -> StepResult:
+    """Run one step in a subprocess (``python -m smolforge STAGE``), its output passed through as it comes."""
     config = tmp / f"{n:02d}-{step.stage}.yaml"
     result = tmp / f"{n:02d}-{step.stage}.result.json"
     config.write_text(yaml.safe_dump(step.recipe, sort_keys=False), encoding="utf-8")
@@ -270,15 +280,13 @@ def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, deb
     cmd += ["--debug"] if debug else []
     cmd += [step.stage, "--config", str(config), "--result-json", str(result)]
     cmd += ["--overwrite"] if overwrite else []
-    sys.stdout.flush()
-    sys.stderr.flush()
-    proc = subprocess.run(cmd, env=_child_env(), stdout=2 if quiet_stdout else None, check=False)
+    code, tail = run_showing_output(cmd, env=_child_env(), stdout_to_stderr=quiet_stdout)
     name = step.name
     try:
         name = json.loads(result.read_text(encoding="utf-8")).get("name") or name
     except (OSError, ValueError):
         pass
-    return proc.returncode, name
+    return StepResult(code, name, tail)
 
 
 def run_pipeline(
@@ -305,17 +313,13 @@ def run_pipeline(
         while queue:
             step = queue.pop(0)
             n += 1
-            code, name = _run_step(step, n, root, Path(tmpdir), overwrite=overwrite,
-                                   debug=debug, quiet_stdout=as_json)
+            result = _run_step(step, n, root, Path(tmpdir), overwrite=overwrite, debug=debug,
+                               quiet_stdout=as_json)
+            name = result.name
             done.append((step, name))
-            if code != 0:
-                rows = summary(done, root)
-                _print_summary(rows, as_json, out)
-                what = f"stage {step.stage}, run {name}" if name else f"stage {step.stage}"
-                record = root / name / "run.json" if name else None
-                see = "; see the output above" + (
-                    f" and {record}" if record is not None and record.is_file() else "")
-                raise RunError(f"pipeline {step.label} ({what}) failed with exit code {code}{see}")
+            if result.code != 0:
+                _print_summary(summary(done, root), as_json, out)
+                raise RunError(_step_failure(step, result, root))
             if step.stage in MODEL_STAGES and pipeline.evals and name:
                 follows = pipeline.eval_steps(step, name)
                 follows[-1].gates, follows[-1].gates_of = step.gates, step  # gates wait for every score
@@ -336,9 +340,23 @@ def run_pipeline(
     return rows
 
 
+def _step_failure(step: Step, result: StepResult, root: Path) -> str:
+    """The pipeline's error for a failed step: where to look, or what the step printed last."""
+    what = f"stage {step.stage}, run {result.name}" if result.name else f"stage {step.stage}"
+    head = f"pipeline {step.label} ({what}) {exit_text(result.code)}"
+    record = root / result.name / "run.json" if result.name else None
+    also = f" and {record}" if record is not None and record.is_file() else ""
+    if result.reported:
+        return f"{head}; see the output above{also}"
+    if not result.tail:
+        return f"{head} before it printed anything{also.replace(' and ', '; see ', 1)}"
+    lines = "\n".join(f"  | {line}" for line in result.tail)
+    return f"{head} before it reported an error{also.replace(' and ', '; see ', 1)}; its last output lines:\n{lines}"
+
+
 def _gated_run(step: Step, name: str | None) -> str:
     """The run a step's gates judge: the model run (eval steps: the evaluated run)."""
-    if step.stage == "eval" and step.recipe.get("run"):
+    if step.stage == EVAL_STAGE and step.recipe.get("run"):
         return str(step.recipe["run"])
     if not name:
         raise RunError(f"pipeline {step.label} (stage {step.stage}) has gates but its run name is unknown")
@@ -363,31 +381,17 @@ def _check_step_gates(step: Step, target: str, root: Path, out: TextIO) -> list[
 # --------------------------------------------------------------------------- summary
 
 
-# Training summaries stay in run.json; the table shows eval scores and RL's held-out reward.
-_NOT_SCORES = ("train/", "eval/", "data/", "sft/", "reward/", "ppo/", "rl/heldout_prompts", "rl/train_prompts",
-               "rl/generation", "rl/weight_syncs", "parity/", "redteam/seconds", "redteam/judge_agreement")
-
-
-def _is_score(key: str) -> bool:
-    if "/" not in key or key.startswith(_NOT_SCORES):
-        return False
-    if key.startswith("redteam/") and key.count("/") >= 2:  # per category: in eval/redteam.json and the report
-        return False
-    if key.startswith("annotate/"):  # the other counts are in the run's annotations.json
-        return key in ("annotate/rows", "annotate/agreement")
-    return not key.endswith(("/random", "/stderr", "_stderr"))
-
-
 def score_columns(metrics_list: Iterable[dict]) -> list[str]:
     """Eval-score keys (``task/metric``) across runs, in first-seen order.
 
     >>> score_columns([{"train/tokens": 5, "arc/acc": 0.4, "arc/acc/random": 0.25, "arc/acc/stderr": 0.1}])
     ['arc/acc']
     """
+    declared = commands()
     cols: dict[str, None] = {}
     for metrics in metrics_list:
         for key in metrics:
-            if _is_score(str(key)):
+            if declared.is_summary_metric(str(key)):
                 cols[str(key)] = None
     return list(cols)
 
@@ -447,7 +451,7 @@ def _print_summary(rows: list[dict], as_json: bool, out: TextIO) -> None:
     if as_json:
         print(json.dumps({"steps": rows}, default=str), file=out)
         return
-    shown = [r for r in rows if r["stage"] != "eval" or "gates" in r] or rows
+    shown = [r for r in rows if r["stage"] != EVAL_STAGE or "gates" in r] or rows
     cols = score_columns(r["metrics"] for r in shown)
     gated = any("gates" in r for r in shown)
     headers = ["stage", "run", "status", "wall s", "tokens", *cols, *(["gates"] if gated else [])]

@@ -1,4 +1,4 @@
-"""What every server smolforge starts shares: ports, readiness, log tails, stopping by PID.
+"""What every process smolforge starts shares: ports, readiness, log tails, stopping by PID, output.
 
     >>> 1024 <= free_port() < 65536
     True
@@ -16,11 +16,14 @@ import os
 import signal
 import socket
 import subprocess
+import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TextIO
 
 from .errors import ServiceError
 
@@ -32,13 +35,18 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
-def http_ok(url: str, timeout: float = 2.0) -> bool:
-    """Whether ``GET url`` answers 200."""
+def http_text(url: str, timeout: float = 2.0) -> str | None:
+    """The body of ``GET url`` when it answers 200, else None: a health or metrics probe."""
     try:
         with urllib.request.urlopen(url, timeout=timeout) as reply:
-            return reply.status == 200
+            return reply.read().decode("utf-8", errors="replace") if reply.status == 200 else None
     except (urllib.error.URLError, OSError):
-        return False
+        return None
+
+
+def http_ok(url: str, timeout: float = 2.0) -> bool:
+    """Whether ``GET url`` answers 200."""
+    return http_text(url, timeout) is not None
 
 
 def log_tail(path: str | Path, lines: int = 20) -> str:
@@ -115,3 +123,100 @@ def run_until_signal(check: Callable[[], None], start: Callable[[], None] | None
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+class OutputTail:
+    """The last ``size`` non-empty lines of a byte stream (progress-bar redraws split on ``\\r``).
+
+    >>> tail = OutputTail(2)
+    >>> for chunk in (b"loading\\r10%\\r100%\\nstep 1", b"\\nstep 2\\n"):
+    ...     tail.feed(chunk)
+    >>> tail.lines()
+    ['step 1', 'step 2']
+    """
+
+    def __init__(self, size: int = 12) -> None:
+        self.size = size
+        self._lines: list[str] = []
+        self._partial = ""
+        self._lock = threading.Lock()
+
+    def feed(self, chunk: bytes) -> None:
+        with self._lock:
+            text = self._partial + chunk.decode("utf-8", errors="replace")
+            *complete, self._partial = text.replace("\r", "\n").split("\n")
+            self._lines = (self._lines + [line for line in complete if line.strip()])[-self.size:]
+
+    def lines(self) -> list[str]:
+        with self._lock:
+            last = [self._partial] if self._partial.strip() else []
+            return (self._lines + last)[-self.size:]
+
+
+def _forward(source: int, sink: TextIO, tail: OutputTail) -> None:
+    raw = getattr(sink, "buffer", None)  # bytes go through untouched; a captured stream gets text
+    while True:
+        try:
+            chunk = os.read(source, 65536)
+        except OSError:  # a pty whose other side is closed answers EIO
+            break
+        if not chunk:
+            break
+        tail.feed(chunk)
+        if raw is not None:
+            raw.write(chunk)
+            raw.flush()
+        else:
+            sink.write(chunk.decode("utf-8", errors="replace"))
+            sink.flush()
+
+
+def run_showing_output(cmd: list[str], *, env: Mapping[str, str] | None = None, stdout_to_stderr: bool = False,
+                       tail_lines: int = 12) -> tuple[int, list[str]]:
+    """Run ``cmd``, passing its output through as it comes; ``(exit code, its last output lines)``.
+
+    On a terminal the child gets a pseudo-terminal, so its progress bars and colours look as if it
+    ran alone; otherwise stdout and stderr go through pipes and keep their streams
+    (``stdout_to_stderr`` sends the child's stdout to our stderr, for callers whose stdout carries
+    JSON). A negative exit code is the signal that killed the child.
+
+    >>> import sys
+    >>> run_showing_output([sys.executable, "-c", "print('a'); import sys; sys.exit(3)"], tail_lines=1)
+    a
+    (3, ['a'])
+    """
+    out_sink = sys.stderr if stdout_to_stderr else sys.stdout
+    sys.stdout.flush()
+    sys.stderr.flush()
+    tail = OutputTail(tail_lines)
+    if sys.stdout.isatty() and sys.stderr.isatty() and not stdout_to_stderr:
+        import pty
+
+        parent, child = pty.openpty()
+        with subprocess.Popen(cmd, env=env, stdout=child, stderr=child) as proc:
+            os.close(child)
+            _forward(parent, out_sink, tail)
+            os.close(parent)
+        return proc.returncode, tail.lines()
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as proc:
+        threads = [threading.Thread(target=_forward, args=(stream.fileno(), sink, tail), daemon=True)
+                   for stream, sink in ((proc.stdout, out_sink), (proc.stderr, sys.stderr))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    return proc.returncode, tail.lines()
+
+
+def exit_text(code: int) -> str:
+    """How a process ended, in words.
+
+    >>> exit_text(2), exit_text(-9)
+    ('failed with exit code 2', 'was killed by SIGKILL')
+    """
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"failed with exit code {code}"

@@ -3,8 +3,13 @@
 A stage module exposes ``Recipe`` (a dataclass with a ``name`` field = run name),
 ``validate(recipe, runs)`` and ``run(recipe, runs, *, overwrite=False) -> Run``; optionally
 ``defaults() -> dict``, values the CLI lays beneath the YAML before building ``Recipe``
-(see ``smolforge.recipe.build_stage_recipe``). Nothing here
-imports a stage until it is asked for, so ``smolforge --help`` stays fast.
+(see ``smolforge.recipe.build_stage_recipe``); optionally ``summary(run) -> str`` and
+``as_json(run) -> dict`` for what its command prints. Nothing here imports a stage until it is
+asked for, so ``smolforge --help`` stays fast.
+
+Commands: each package's ``commands`` module (:data:`COMMAND_MODULES`, stdlib + spine imports
+only) registers its subcommands and says which of its metrics the pipeline summary shows
+(:mod:`smolforge.commands`); the CLI and the pipeline runner name no stage.
 
 Plugin hook: ``SMOLFORGE_EXTRA_STAGES="name=dotted.module,other=pkg.mod"`` adds stages (or
 replaces built-in ones) without editing this file; subprocesses started by ``smolforge pipeline``
@@ -19,6 +24,7 @@ inherit it.
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import importlib.util
 import os
@@ -27,7 +33,8 @@ from types import ModuleType
 
 from smolforge.errors import RecipeError
 
-__all__ = ["STAGES", "MODEL_STAGES", "EXTRA_STAGES_ENV", "SUITES_ENV", "stages", "load_stage", "suite_folders"]
+__all__ = ["STAGES", "MODEL_STAGES", "EVAL_STAGE", "COMMAND_MODULES", "EXTRA_STAGES_ENV", "SUITES_ENV", "stages",
+           "load_stage", "commands", "suite_folders"]
 
 STAGES: dict[str, str] = {
     "data": "smolforge.data.stage",
@@ -44,6 +51,17 @@ STAGES: dict[str, str] = {
 }
 # their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead)
 MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo")
+# the stage a pipeline's ``eval:`` recipes run as, after every model stage
+EVAL_STAGE = "eval"
+# each package's commands (smolforge.commands): imported to build the CLI, so stdlib + spine only
+COMMAND_MODULES: tuple[str, ...] = (
+    "smolforge.data.commands",
+    "smolforge.pretrain.commands",
+    "smolforge.alignment.commands",
+    "smolforge.generation.commands",
+    "smolforge.evals.commands",
+    "smolforge.annotate.commands",
+)
 EXTRA_STAGES_ENV = "SMOLFORGE_EXTRA_STAGES"
 
 
@@ -107,6 +125,21 @@ def load_stage(name: str) -> ModuleType:
             "a stage module needs Recipe, validate(recipe, runs) and run(recipe, runs, *, overwrite)"
         )
     return module
+
+
+@functools.lru_cache(maxsize=1)
+def commands():
+    """Every command module's declarations (:class:`smolforge.commands.Commands`), loaded once.
+
+    >>> sorted(commands().tools)
+    ['compare', 'plan', 'report', 'serve']
+    """
+    from smolforge.commands import Commands
+
+    declared = Commands()
+    for dotted in COMMAND_MODULES:
+        importlib.import_module(dotted).register(declared)
+    return declared
 
 
 # Eval suites are folders (lm-eval YAML + JSONL). Those under evals/suites/ are registered by

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import datetime as _dt
 import difflib
+import fcntl
 import functools
 import hashlib
 import json
@@ -297,8 +298,26 @@ class Run:
         self.info = _read_info(self.path)
         return self
 
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        """Hold the run's lock (``.run.lock``, an exclusive ``flock``) for a read-modify-write of run.json."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        with open(self.path / ".run.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
     def _write(self) -> None:
-        write_json_atomic(self.json_path, self.info)
+        """Write this run's info; metrics another process added to run.json meanwhile are kept."""
+        with self._locked():
+            try:
+                on_disk = _read_info(self.path).get("metrics") or {}
+            except RunError:
+                on_disk = {}
+            self.info["metrics"] = {**on_disk, **(self.info.get("metrics") or {})}
+            write_json_atomic(self.json_path, self.info)
 
     def log(self, step: int, **values: Any) -> None:
         """Append ``{"step": step, "time": unix, **values}`` as one line of metrics.jsonl."""
@@ -345,11 +364,16 @@ class Run:
         self._write()
 
     def update_metrics(self, metrics: dict) -> None:
-        """Merge ``metrics`` into run.json of this (usually finished) run, e.g. eval scores."""
-        self.reload()
-        self.info.setdefault("metrics", {})
-        self.info["metrics"].update(metrics)
-        self._write()
+        """Merge ``metrics`` into run.json of this (usually finished) run, e.g. eval scores.
+
+        Read, merge and write happen under the run's lock, so two evaluations of one run at once
+        both keep their scores.
+        """
+        with self._locked():
+            self.reload()
+            self.info.setdefault("metrics", {})
+            self.info["metrics"].update(metrics)
+            write_json_atomic(self.json_path, self.info)
 
     def fail(self, error: str) -> None:
         """Mark the run failed with ``error`` (done for you by :meth:`Runs.start`)."""

@@ -349,3 +349,98 @@ def test_stage_defaults_survive_a_partial_trainer_mapping(fake_env, capsys):
     assert main(["pretrain", "--config", str(recipe)]) == 0
     info = json.loads((fake_env / "runs" / "p2" / "run.json").read_text())
     assert info["recipe"]["trainer"] == {"max_steps": 1, "learning_rate": 0.01}
+
+
+# --------------------------------------------------------------------------- steps that die before reporting
+
+DYING_STAGE = '''
+"""Fake stage whose process dies mid-run: SIGKILL after some output (as the OOM killer would)."""
+import os
+import signal
+import sys
+from dataclasses import dataclass
+
+
+@dataclass
+class Recipe:
+    name: str = "dies"
+
+
+def validate(recipe, runs):
+    pass
+
+
+def run(recipe, runs, *, overwrite=False):
+    print("loading shards", flush=True)
+    print("step 1/100 loss 2.31", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+'''
+
+
+def test_a_step_killed_before_it_reports_shows_its_last_lines_and_the_signal(fake_env):
+    (fake_env / "plugins" / "fake_dies.py").write_text(DYING_STAGE)
+    f = write(fake_env / "pipe.yaml", "pipeline:\n  - {stage: dies, name: d1}\n")
+    env = {**os.environ, "SMOLFORGE_EXTRA_STAGES": os.environ["SMOLFORGE_EXTRA_STAGES"] + ",dies=fake_dies"}
+    out = subprocess.run([sys.executable, "-m", "smolforge", "pipeline", str(f)], capture_output=True, text=True,
+                         cwd=fake_env, env=env, timeout=60)
+    assert out.returncode == 2
+    error = out.stderr[out.stderr.index("RunError:"):]
+    assert error.startswith("RunError: pipeline step 1 (stage dies, run d1) was killed by SIGKILL before it "
+                            "reported an error")
+    assert "  | loading shards\n  | step 1/100 loss 2.31" in error
+    assert "see the output above" not in error
+
+
+def test_a_step_that_exits_while_importing_shows_what_it_printed_or_that_it_printed_nothing(fake_env):
+    (fake_env / "plugins" / "fake_boom.py").write_text(
+        "import sys\nprint('fake_boom: no GPU driver', file=sys.stderr)\nraise SystemExit(3)\n")
+    (fake_env / "plugins" / "fake_mute.py").write_text("raise SystemExit(2)\n")
+    extra = os.environ["SMOLFORGE_EXTRA_STAGES"] + ",boom=fake_boom,mute=fake_mute"
+    env = {**os.environ, "SMOLFORGE_EXTRA_STAGES": extra}
+    for stage, expected in (("boom", "failed with exit code 3 before it reported an error; its last output lines:\n"
+                                     "  | fake_boom: no GPU driver"),
+                            ("mute", "failed with exit code 2 before it printed anything")):
+        f = write(fake_env / f"{stage}.yaml", f"pipeline:\n  - {{stage: {stage}, name: x}}\n")
+        out = subprocess.run([sys.executable, "-m", "smolforge", "pipeline", str(f)], capture_output=True, text=True,
+                             cwd=fake_env, env=env, timeout=60)
+        assert out.returncode == 2
+        assert f"RunError: pipeline step 1 (stage {stage}, run x) {expected}" in out.stderr, out.stderr
+
+
+# --------------------------------------------------------------------------- global options, typos, '--'
+
+
+def test_global_options_work_before_or_after_the_command(fake_env, capsys):
+    runs = Runs(fake_env / "elsewhere")
+    with runs.start("data", "d0", {}):
+        pass
+    for argv in (["--runs-dir", str(runs.root), "--json", "runs"], ["runs", "--runs-dir", str(runs.root), "--json"],
+                 ["runs", "--json", f"--runs-dir={runs.root}"]):
+        assert main(argv) == 0
+        assert [r["name"] for r in json.loads(capsys.readouterr().out)["runs"]] == ["d0"]
+    assert main(["lineage", "d0", "--runs-dir", str(runs.root), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["name"] == "d0"
+
+
+def test_a_mistyped_option_is_one_line_and_exit_2():
+    for args, expected in ((["serve", "sft-demo", "--prot", "8000"], "unknown option '--prot' (did you mean '--port'?)"),
+                           (["runs", "--sortt"], "unknown option '--sortt'"),
+                           (["lineage"], "the following arguments are required: RUN")):
+        out = smolforge(*args)
+        assert out.returncode == 2, out.stderr
+        assert len(out.stderr.strip().splitlines()) == 1 and expected in out.stderr, out.stderr
+
+
+def test_only_what_follows_double_dash_reaches_vllm(fake_env, monkeypatch):
+    import smolforge.generation.serve as serve_module
+
+    seen = {}
+
+    def fake_serve(runs, run_ref, **options):
+        seen.update(options, runs=runs.root, run=run_ref)
+        return 0
+
+    monkeypatch.setattr(serve_module, "serve", fake_serve)
+    assert main(["serve", "sft-demo", "--runs-dir", "r2", "--port", "8123", "--", "--max-num-seqs", "8"]) == 0
+    assert seen["extra_args"] == ["--max-num-seqs", "8"] and seen["port"] == 8123 and seen["runs"] == Path("r2")
+    assert main(["runs", "--", "--max-num-seqs", "8"]) == 2

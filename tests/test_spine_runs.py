@@ -223,3 +223,35 @@ def test_fingerprint_is_sha256(tmp_path):
     f.write_bytes(b"abc")
     assert file_fingerprint(f) == "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
     assert Run.fingerprint(f) == {str(f): file_fingerprint(f)}
+
+
+def _add_metrics(path: str, prefix: str, count: int) -> None:
+    from smolforge.runs import Run
+
+    for i in range(count):
+        Run(path).update_metrics({f"{prefix}/m{i}": i})
+
+
+def test_metric_updates_from_two_processes_at_once_are_all_kept(tmp_path):
+    import multiprocessing
+
+    runs = Runs(tmp_path)
+    with runs.start("sft", "target", {}) as run:
+        run.log(0, loss=1.0)
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_add_metrics, args=(str(run.path), prefix, 60)) for prefix in ("a", "b")]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(60)
+    assert [w.exitcode for w in workers] == [0, 0]
+    metrics = runs.get("target").metrics
+    assert {k for k in metrics if k[:2] in ("a/", "b/")} == {f"{p}/m{i}" for p in "ab" for i in range(60)}
+
+
+def test_finishing_a_run_keeps_metrics_another_process_wrote_meanwhile(tmp_path):
+    runs = Runs(tmp_path)
+    with runs.start("sft", "busy", {}) as run:
+        Run(run.path).update_metrics({"arith/acc": 0.5})     # e.g. an eval of the running run
+        run.finish({"train/loss": 1.0})
+    assert runs.get("busy").metrics == {"arith/acc": 0.5, "train/loss": 1.0}

@@ -1,0 +1,57 @@
+"""The pretrain stage's command, and ``smolforge plan``: FLOPs, GPUs, days, cost and memory of a run.
+
+    >>> from smolforge.commands import Commands
+    >>> cli = Commands(); register(cli)
+    >>> sorted(cli.tools), cli.stages["pretrain"].example.split()[:2]
+    (['plan'], ['smolforge', 'pretrain'])
+"""
+from __future__ import annotations
+
+import argparse
+import json
+
+from smolforge.commands import Commands, Context
+
+
+def _plan_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("recipe", metavar="RECIPE", help="pretrain recipe YAML (stage: pretrain)")
+    p.add_argument("--tokens", metavar="N", help="training tokens (default: 20 × parameters)")
+    p.add_argument("--gpu", default="h100", metavar="NAME",
+                   help="device: h100, h200, a100, a100-40g, l40s, a10g or cpu (measured); default h100")
+    p.add_argument("--gpus", metavar="G", help="number of GPUs (with --days: the MFU required)")
+    p.add_argument("--days", metavar="D", help="wall-clock days (alone: the GPUs needed)")
+    p.add_argument("--mfu", metavar="M", help="model FLOPs utilisation as a fraction, e.g. 0.3 "
+                   "(default 0.30, or what --gpus and --days require)")
+    p.add_argument("--price", metavar="USD_PER_GPU_HOUR", help="price of one GPU-hour, for the cost")
+    p.add_argument("--seq-len", metavar="L", help="tokens per sequence (default: train.seq_len)")
+    p.add_argument("--vocab", default="128256", metavar="N",
+                   help="vocabulary size (default 128256: Llama-3's tokenizer, as SmolLM3)")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a recipe key, e.g. model.num_kv_heads=16 (repeatable)")
+
+
+def _plan(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from .planner import plan_file, print_plan, warn
+
+    plan = plan_file(args.recipe, args.set, tokens=args.tokens, gpu=args.gpu, gpus=args.gpus, days=args.days,
+                     mfu=args.mfu, price=args.price, seq_len=args.seq_len, vocab=args.vocab)
+    if ctx.json:
+        warn(plan)
+        print(json.dumps(plan, indent=2))
+    else:
+        print_plan(plan)
+    return 0
+
+
+def register(cli: Commands) -> None:
+    cli.stage("pretrain", example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine")
+    cli.tool(
+        "plan", help="plan a pretraining run: FLOPs, GPUs, days, cost, memory", handler=_plan,
+        arguments=_plan_arguments,
+        description="Plan a pretraining run from a pretrain recipe: parameters (counted on the meta device),\n"
+        "training FLOPs (6·N·D + attention), GPU-hours, GPUs for --days or days on --gpus at an MFU,\nthe MFU "
+        "that --gpus and --days require, cost, memory per GPU for ZeRO 0-3 and the KV cache.\nNumbers take "
+        "k/M/B/T suffixes (11T = 11e12). See docs/planner.md.",
+        examples=["smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11e12 --gpus 384 --days 24",
+                  "smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11T --mfu 0.3 --days 24 --price 2.5 "
+                  "--json"])

@@ -1,0 +1,244 @@
+"""How packages add their commands to ``smolforge`` without the spine naming them.
+
+A command module (listed in :data:`smolforge.registry.COMMAND_MODULES`) imports only the stdlib
+and the spine, and has ``register(cli: Commands) -> None``. In it a package
+
+- shapes the subcommand of one of its stages (``cli.stage``): an example for ``--help``, extra
+  arguments, and a handler that prepares the arguments and then calls :func:`run_stage`;
+- adds a tool command (``cli.tool``): ``plan``, ``compare``, ``serve``…, with its arguments and
+  its handler;
+- says which of the metrics its stages write are pipeline-summary scores (``cli.summary``).
+
+Handlers take ``(args, extras, ctx)`` and return the exit code; they import what they need
+(torch, TRL, lm-eval) inside, so building the parser stays cheap and ``smolforge --help`` fast.
+A stage nobody shapes (a plugin from ``$SMOLFORGE_EXTRA_STAGES``) gets the plain stage command.
+
+    >>> cli = Commands()
+    >>> cli.tool("hello", help="say hello", examples=["smolforge hello"], handler=lambda a, e, c: 0)
+    >>> cli.summary(show=["toy/score"], hide=["toy/*"])
+    >>> sorted(cli.tools), cli.is_summary_metric("toy/score"), cli.is_summary_metric("toy/seconds")
+    (['hello'], True, False)
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import fnmatch
+import json
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from smolforge.errors import RecipeError
+
+__all__ = ["Commands", "Context", "StageCommand", "ToolCommand", "run_stage", "report_run", "close_option",
+           "extra_overrides", "epilog"]
+
+
+@dataclasses.dataclass
+class Context:
+    """What every handler gets besides its arguments: the global options."""
+
+    root: Path                     # the runs folder (--runs-dir, $SMOLFORGE_RUNS, ./runs)
+    debug: bool = False            # --debug: tracebacks
+    json: bool = False             # --json: one JSON object instead of a table
+
+    @property
+    def runs(self):
+        from smolforge.runs import Runs
+
+        return Runs(self.root)
+
+
+Handler = Callable[[argparse.Namespace, list[str], Context], int]
+Arguments = Callable[[argparse.ArgumentParser], None]
+
+
+@dataclasses.dataclass
+class StageCommand:
+    name: str
+    example: str | None = None                 # shown under --help
+    arguments: Arguments | None = None         # adds the stage's own arguments
+    handler: Handler | None = None             # default: run_stage
+    config_required: bool = True               # --config must be given
+    usage: str | None = None                   # replaces the default description's first line
+
+
+@dataclasses.dataclass
+class ToolCommand:
+    name: str
+    help: str
+    handler: Handler
+    examples: Sequence[str] = ()
+    description: str | None = None
+    arguments: Arguments | None = None
+    takes_extras: bool = False                 # unknown options reach the handler instead of an error
+    takes_passthrough: bool = False            # what follows '--' reaches the handler (args.passthrough)
+
+
+def epilog(*lines: str) -> str:
+    """The ``example:`` block of a command's help."""
+    return "example:\n" + "\n".join(f"  {line}" for line in lines)
+
+
+class Commands:
+    """What the command modules declared: stage shapes, tools, summary metrics."""
+
+    def __init__(self) -> None:
+        self.stages: dict[str, StageCommand] = {}
+        self.tools: dict[str, ToolCommand] = {}
+        self._show: list[str] = []
+        self._hide: list[str] = []
+
+    def stage(self, name: str, **fields: Any) -> None:
+        self.stages[name] = StageCommand(name, **fields)
+
+    def tool(self, name: str, **fields: Any) -> None:
+        if name in self.tools:
+            raise RecipeError(f"command '{name}' is registered twice")
+        self.tools[name] = ToolCommand(name, **fields)
+
+    def summary(self, *, show: Iterable[str] = (), hide: Iterable[str] = ()) -> None:
+        """Glob patterns of metric keys the pipeline summary shows (wins) or hides."""
+        self._show += list(show)
+        self._hide += list(hide)
+
+    def is_summary_metric(self, key: str) -> bool:
+        """A ``task/metric`` eval score, unless a package hides it; a package's ``show`` always wins."""
+        if any(fnmatch.fnmatchcase(key, p) for p in self._show):
+            return True
+        if "/" not in key or any(fnmatch.fnmatchcase(key, p) for p in self._hide):
+            return False
+        return not key.endswith(("/random", "/stderr", "_stderr"))
+
+
+# --------------------------------------------------------------------------- the stage command
+
+
+def extra_overrides(extras: Sequence[str], top_fields: Sequence[str], has_trainer: bool) -> list[str]:
+    """Turn TRL-style ``--key value`` / ``--key=value`` / ``--flag`` into ``--set`` items.
+
+    >>> extra_overrides(["--learning_rate", "1e-4", "--bf16", "--name=x"], ["name", "trainer"], True)
+    ['trainer.learning_rate=1e-4', 'trainer.bf16=true', 'name=x']
+    """
+    out: list[str] = []
+    i = 0
+    while i < len(extras):
+        token = extras[i]
+        if not token.startswith("--") or token == "--":
+            raise RecipeError(f"unexpected argument '{token}' (extra options look like --key value)")
+        key, sep, value = token[2:].partition("=")
+        if not sep:
+            if i + 1 < len(extras) and not extras[i + 1].startswith("--"):
+                value, i = extras[i + 1], i + 1
+            else:
+                value = "true"
+        key = key.replace("-", "_")
+        first = key.split(".", 1)[0]
+        if has_trainer and first not in top_fields:
+            key = f"trainer.{key}"
+        out.append(f"{key}={value}")
+        i += 1
+    return out
+
+
+def close_option(given: str, known: Sequence[str]) -> str:
+    """The one-line error for an option nobody knows.
+
+    >>> close_option("--prot", ["--port", "--host"])
+    "unknown option '--prot' (did you mean '--port'?)"
+    """
+    flag = given.split("=", 1)[0]
+    close = difflib.get_close_matches(flag, list(known), n=1, cutoff=0.7)
+    hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
+    return f"unknown option '{flag}' ({hint})"
+
+
+def run_stage(args: argparse.Namespace, extras: list[str], ctx: Context, *,
+              action: Callable[[Any, Any, Any], Any] | None = None, print_result: bool = True):
+    """Load the recipe (``--config`` and ``--set``, or only ``--set``), build it, validate, run.
+
+    ``action(module, recipe, runs)`` replaces validate + run (a verb such as ``annotate push``);
+    it returns a Run, or None when there is no run to report. Returns the run (or None).
+    """
+    from smolforge import recipe as recipes
+    from smolforge.registry import load_stage
+    from smolforge.runs import write_json_atomic
+
+    if args.config:
+        source = str(args.config)
+        stage, data = recipes.load_recipe(args.config, args.set)
+    else:
+        source = "command line"
+        stage, data = args.command, recipes.apply_overrides({}, args.set, source=source)
+    if stage != args.command:
+        raise RecipeError(f"{source}: recipe is for stage '{stage}', not '{args.command}'; "
+                          f"run it with: smolforge {stage} --config {source}")
+    module = load_stage(stage)
+    if extras:
+        top = [f.name for f in dataclasses.fields(module.Recipe)]
+        sets = extra_overrides(extras, top, has_trainer="trainer" in top)
+        data = recipes.apply_overrides(data, sets, source="command line")
+    recipe = recipes.build_stage_recipe(module, data, source=source)  # over module.defaults()
+    if args.result_json:
+        write_json_atomic(args.result_json, {"name": getattr(recipe, "name", None), "status": "validating"})
+    runs = ctx.runs
+    if action is not None:
+        run = action(module, recipe, runs)
+    else:
+        module.validate(recipe, runs)
+        run = module.run(recipe, runs, overwrite=args.overwrite)
+    if run is not None and args.result_json:
+        write_json_atomic(args.result_json, {"name": run.name, "path": str(run.path), "status": run.status})
+    if run is not None and print_result:
+        report_run(module, run, ctx)
+    return run
+
+
+def report_run(module: Any, run: Any, ctx: Context) -> None:
+    """The stage's summary (``module.summary(run)``) and a last line; with --json its JSON instead."""
+    if ctx.json:
+        as_json = getattr(module, "as_json", None)
+        print(json.dumps(as_json(run) if as_json else run.info, indent=2, default=str))
+        return
+    if hasattr(module, "summary"):
+        print(module.summary(run))
+    print(f"run {run.name} {run.status or 'done'} → {run.path}")
+
+
+def add_stage_parser(sub, spec: StageCommand, dotted: str, formatter) -> argparse.ArgumentParser:
+    """The subcommand of one stage: --config, --set, --overwrite and the stage's own arguments."""
+    name = spec.name
+    example = spec.example or f"smolforge {name} --config my-{name}.yaml"
+    parser = sub.add_parser(
+        name, help=f"run the {name} stage ({dotted})",
+        description=(spec.usage or f"Run the {name} stage from a recipe whose top level has 'stage: {name}'.")
+        + "\nExtra --key value pairs become overrides: trainer.key=value when the stage recipe has a trainer "
+        "field\n(a TRL config) and key is not a top-level field, else key=value.",
+        formatter_class=formatter, epilog=epilog(example, f"smolforge {name} --config my-{name}.yaml --name my-run"),
+        allow_abbrev=False,  # so TRL-style extras are never mistaken for our options
+    )
+    if spec.arguments is not None:
+        spec.arguments(parser)
+    parser.add_argument("--config", required=spec.config_required, metavar="FILE", help="stage recipe YAML")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
+    parser.add_argument("--result-json", help=argparse.SUPPRESS)  # written for the pipeline runner
+    parser.set_defaults(handler=spec.handler or _plain_stage, takes_extras=True)
+    return parser
+
+
+def _plain_stage(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    run_stage(args, extras, ctx)
+    return 0
+
+
+def add_tool_parser(sub, spec: ToolCommand, formatter) -> argparse.ArgumentParser:
+    parser = sub.add_parser(spec.name, help=spec.help, description=spec.description or spec.help,
+                            formatter_class=formatter, epilog=epilog(*spec.examples) if spec.examples else None)
+    if spec.arguments is not None:
+        spec.arguments(parser)
+    parser.set_defaults(handler=spec.handler, takes_extras=spec.takes_extras, takes_passthrough=spec.takes_passthrough)
+    return parser
