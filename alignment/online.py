@@ -1,5 +1,7 @@
 """What the online-RL stages built on TRL (GRPO, RLOO) share: prompts, rewards, held-out scoring.
 
+PPO (:mod:`smolforge.alignment.ppo`, its own loop) loads its prompts and rewards here too.
+
 A stage reads a parent run's model and a data run's ``prompts`` kind (``{"prompt", "answer"}``
 rows; or a ``.jsonl`` of such rows), holds out ``heldout_fraction`` of the prompts (a seeded
 shuffle), resolves the recipe's ``rewards:`` (short names, ``module:function`` or ``run:<reward
@@ -57,18 +59,25 @@ def online_defaults(**overrides) -> dict:
     return {"trainer": trainer_defaults(**values)}
 
 
-def load_prompts(recipe, runs: Runs):
-    """(paths, data run or None, train rows, held-out rows) for the recipe's ``data``."""
+def load_prompts(recipe, runs: Runs, seed: int):
+    """(paths, data run or None, train rows, held-out rows) for the recipe's ``data``.
+
+    The held-out split is :func:`~smolforge.alignment.common.split_heldout` with ``seed`` (GRPO and
+    RLOO pass ``trainer.seed``, PPO ``ppo.seed``), so one seed gives every stage the same split.
+    """
     from smolforge.data.schemas import load_many, resolve_data
 
     paths, data_run = resolve_data(recipe.data, runs, "prompts")
     rows = load_many(paths, "prompt")
-    train, heldout = split_heldout(rows, recipe.heldout_fraction, recipe.trainer.seed)
+    train, heldout = split_heldout(rows, recipe.heldout_fraction, seed)
+    if not train:
+        raise RecipeError(f"{recipe.data}: {len(rows)} prompt rows leave none for training after the "
+                          f"held-out split (heldout_fraction {recipe.heldout_fraction})")
     return paths, data_run, train, heldout
 
 
 def reward_functions(names: list, runs: Runs) -> list[Callable]:
-    """The recipe's rewards as checked callables (errors name the function)."""
+    """The recipe's ``rewards:`` as checked callables (errors name the function); run:<name> in ``runs``."""
     from .rewards import resolve
 
     if not names:
@@ -107,7 +116,7 @@ def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> No
     _choose_rollouts(recipe, model_parent(runs, recipe.parent).model_dir, has_rollout_hook)
     if not 0 < recipe.heldout_fraction < 1:
         raise RecipeError(f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
-    _, _, train, heldout = load_prompts(recipe, runs)
+    _, _, train, heldout = load_prompts(recipe, runs, recipe.trainer.seed)
     if len(train) < recipe.trainer.num_generations:
         raise RecipeError(f"only {len(train)} training prompts; need at least trainer.num_generations "
                           f"({recipe.trainer.num_generations})")
@@ -153,7 +162,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     from .rewards import mean_reward
 
     parent = model_parent(runs, recipe.parent)
-    paths, data_run, train, heldout = load_prompts(recipe, runs)
+    paths, data_run, train, heldout = load_prompts(recipe, runs, recipe.trainer.seed)
     rewards = reward_functions(recipe.rewards, runs)
     backend = rollout_backend(recipe, parent.model_dir, has_rollout_hook=has_rollout_hook)
     parents = [parent] + ([data_run] if data_run else [])

@@ -1,8 +1,11 @@
 """The arithmetic of PPO for language models, in plain torch: masks, whitening, KL, GAE, losses.
 
 Every tensor is ``[B, T]`` over *response* tokens, right-padded; ``mask`` (bool or 0/1) marks the
-valid ones, which are contiguous from position 0. Nothing here knows about models or tokenizers,
-so each piece is tested alone (tests/test_ppo_math.py) and :mod:`smolforge.alignment.ppo` only wires them.
+valid ones, which are contiguous from position 0. Positions outside the mask may hold anything
+(NaN and inf included): every function overwrites them with 0 before any arithmetic (never
+multiplies by the mask, as NaN·0 is NaN), so they reach neither the values nor the gradients.
+Nothing here knows about models or tokenizers, so each piece is tested alone
+(tests/test_ppo_math.py) and :mod:`smolforge.alignment.ppo_step` only wires them.
 
     >>> import torch
     >>> mask = torch.tensor([[1, 1, 1, 0]], dtype=torch.bool)
@@ -30,6 +33,15 @@ def _mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     return mask.to(dtype=like.dtype, device=like.device)
 
 
+def _valid(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``x`` with every position outside ``mask`` overwritten by 0 (its gradient there is 0 too).
+
+    >>> _valid(torch.tensor([1.0, float("nan"), float("inf")]), torch.tensor([1, 0, 0])).tolist()
+    [1.0, 0.0, 0.0]
+    """
+    return torch.where(mask.to(device=x.device, dtype=torch.bool), x, torch.zeros_like(x))
+
+
 def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
     """Mean of ``x`` over the positions where ``mask`` is set: Σ x·m / Σ m (over ``dim``, or all).
 
@@ -40,11 +52,10 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> 
     >>> round(masked_mean(x, m).item(), 4), masked_mean(x, m, dim=1).tolist()
     (3.6, [1.5, 5.0])
     """
-    m = _mask(mask, x)
-    x = torch.where(m > 0, x, torch.zeros_like(x))
+    m, x = _mask(mask, x), _valid(x, mask)
     if dim is None:
-        return (x * m).sum() / m.sum().clamp(min=1.0)
-    return (x * m).sum(dim) / m.sum(dim).clamp(min=1.0)
+        return x.sum() / m.sum().clamp(min=1.0)
+    return x.sum(dim) / m.sum(dim).clamp(min=1.0)
 
 
 def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
@@ -53,11 +64,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     >>> masked_var(torch.tensor([1.0, 3.0, 100.0]), torch.tensor([1, 1, 0])).item()
     2.0
     """
-    mean = masked_mean(x, mask)
-    m = _mask(mask, x)
-    centered = torch.where(m > 0, x - mean, torch.zeros_like(x))
-    count = m.sum()
-    var = (centered ** 2 * m).sum() / count.clamp(min=1.0)
+    centered = _valid(x - masked_mean(x, mask), mask)
+    count = _mask(mask, x).sum()
+    var = (centered ** 2).sum() / count.clamp(min=1.0)
     if unbiased and count > 1:
         var = var * count / (count - 1)
     return var
@@ -73,11 +82,12 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
     >>> [round(v, 4) for v in w[0].tolist()]
     [-1.0, 0.0, 1.0, 0.0]
     """
+    x = _valid(x, mask)  # before any arithmetic: a NaN pad would give NaN gradients through var
     mean, var = masked_mean(x, mask), masked_var(x, mask)
     whitened = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         whitened = whitened + mean
-    return torch.where(_mask(mask, x) > 0, whitened, torch.zeros_like(x))
+    return _valid(whitened, mask)
 
 
 def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float,
@@ -95,20 +105,18 @@ def gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: 
     >>> a.tolist(), ret.tolist()
     ([[0.5, 0.5, 0.5]], [[1.0, 1.0, 1.0]])
     """
-    m = _mask(mask, rewards)
-    rewards, values = rewards * m, values.to(rewards.dtype) * m
+    rewards, values = _valid(rewards, mask), _valid(values.to(rewards.dtype), mask)
     batch, length = rewards.shape
     advantages = torch.zeros_like(rewards)
     next_value = torch.zeros(batch, dtype=rewards.dtype, device=rewards.device)
     next_advantage = torch.zeros_like(next_value)
     for t in reversed(range(length)):
         delta = rewards[:, t] + gamma * next_value - values[:, t]
-        advantage = (delta + gamma * lam * next_advantage) * m[:, t]
+        advantage = _valid(delta + gamma * lam * next_advantage, mask[:, t])
         advantages[:, t] = advantage
         # a padded position passes zeros back, so the last valid token bootstraps from 0
-        next_value, next_advantage = values[:, t] * m[:, t], advantage
-    returns = (advantages + values) * m
-    return advantages, returns
+        next_value, next_advantage = values[:, t], advantage
+    return advantages, _valid(advantages + values, mask)
 
 
 def per_token_kl(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, kind: str = "k1") -> torch.Tensor:
@@ -154,8 +162,7 @@ def token_rewards(score: torch.Tensor, kl: torch.Tensor, mask: torch.Tensor, kl_
     ...               torch.tensor([[1, 1, 0]]), kl_coef=0.5).tolist()
     [[-0.5, 1.5, 0.0]]
     """
-    m = _mask(mask, kl)
-    rewards = 0.0 - kl_coef * kl * m  # (0 − x, not −x: no −0.0 in the output)
+    rewards = 0.0 - kl_coef * _valid(kl, mask)  # (0 − x, not −x: no −0.0 in the output)
     last = last_index(mask)
     rows = torch.nonzero(last >= 0).squeeze(-1)
     rewards[rows, last[rows]] += score.to(rewards.dtype)[rows]
@@ -177,7 +184,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     >>> round(loss.item(), 4), clipfrac.item()
     (-0.2, 1.0)
     """
-    log_ratio = logprobs - old_logprobs
+    log_ratio = _valid(logprobs - old_logprobs, mask)  # a pad's ratio is 1 and its gradient 0
+    advantages = _valid(advantages, mask)
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
     clipped = -advantages * torch.clamp(ratio, 1.0 - clip_range, 1.0 + clip_range)
@@ -201,6 +209,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
     >>> round(loss.item(), 4), clipfrac.item()
     (1.62, 1.0)
     """
+    values, old_values, returns = _valid(values, mask), _valid(old_values, mask), _valid(returns, mask)
     clipped_values = old_values + torch.clamp(values - old_values, -clip_range_value, clip_range_value)
     unclipped_error = (values - returns) ** 2
     clipped_error = (clipped_values - returns) ** 2

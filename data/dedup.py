@@ -2,7 +2,7 @@
 
 datasketch does the MinHash and the LSH index, in-process with a worker pool for hashing.
 datatrove's 4-stage pipeline was measured at the same recall and about the same speed, with
-more moving parts (spaCy tokenizer, xxhash<4, re-imported workers); see STACK.md.
+more moving parts (spaCy tokenizer, xxhash<4, re-imported workers); see docs/stack.md.
 
 **Units.** The playbook says "over 90 % similar is a duplicate", but that is not a 0.9 Jaccard
 threshold on word 5-shingles. Editing 2–5 % of a document's words already drops its 5-shingle

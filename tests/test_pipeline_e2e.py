@@ -90,7 +90,7 @@ def test_a_failing_step_stops_the_pipeline_and_marks_its_run_failed(tmp_path):
     args = ["pipeline", str(pipeline)]
     for item in flatten("data", TINY["data"]) + flatten("pretrain", TINY["pretrain"]):
         args += ["--set", item]
-    args += ["--set", 'smolforge.pretrain.model.extra={"rms_norm_eps": .nan}']
+    args += ["--set", 'pretrain.model.extra={"rms_norm_eps": .nan}']
     proc = smolforge(tmp_path / "runs", *args)
     assert proc.returncode == 2
     assert "pipeline step 2 (stage pretrain, run pretrain-demo) failed" in proc.stderr

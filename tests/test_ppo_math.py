@@ -144,3 +144,65 @@ def test_adaptive_kl_controller_moves_towards_the_target():
     assert ctl.value == pytest.approx(0.1 * (1 + 0.2 * 50 / 100))
     ctl.update(0.0, n_samples=50)                       # below target: error -0.2
     assert ctl.value == pytest.approx(0.11 * (1 - 0.2 * 50 / 100))
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+def test_gae_is_unchanged_by_nan_or_inf_in_padded_slots():
+    # The hand-worked row of test_gae_by_hand_with_discount_and_lambda plus one pad holding garbage:
+    # a NaN reward and an inf value (row 0), an inf reward and a NaN value (row 1). Padded slots are
+    # not part of the episode, so both rows give A = 0.2849575, 0.2865, 0.3 and R = A + V, 0 on the pad.
+    rewards = torch.tensor([[0.0, 0.0, 1.0, NAN], [0.0, 0.0, 1.0, INF]])
+    values = torch.tensor([[0.5, 0.6, 0.7, INF], [0.5, 0.6, 0.7, NAN]])
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 1, 0]], dtype=torch.bool)
+    advantages, returns = gae(rewards, values, mask, gamma=0.9, lam=0.95)
+    for row in range(2):
+        assert close(advantages[row], [0.2849575, 0.2865, 0.3, 0.0])
+        assert close(returns[row], [0.7849575, 0.8865, 1.0, 0.0])
+
+
+def test_token_rewards_are_zero_on_padded_slots_even_when_the_kl_there_is_nan_or_inf():
+    # beta = 0.5, score 1 on the last valid token (token 1): -0.5*0.2 = -0.1, -0.5*0.4 + 1 = 0.8; pads 0
+    kl = torch.tensor([[0.2, 0.4, NAN, INF], [0.2, 0.4, -INF, NAN]])
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 0, 0]], dtype=torch.bool)
+    rewards = token_rewards(torch.tensor([1.0, 1.0]), kl, mask, kl_coef=0.5)
+    assert close(rewards, [[-0.1, 0.8, 0.0, 0.0], [-0.1, 0.8, 0.0, 0.0]])
+
+
+def test_losses_and_their_gradients_ignore_nan_and_inf_in_padded_slots():
+    # test_clipped_surrogate's five tokens (loss -0.1, clipfrac 0.4) plus a pad whose log-prob is
+    # inf or NaN and whose advantage is NaN. Forward and backward must not see the pad: the loss
+    # is -0.1 and d loss / d log-prob = -A*r/5 where unclipped (-0.1, 0.3, -0.22 at tokens 1, 2, 4;
+    # token 4 sits on the clip edge's inside, both branches agree), 0 where clipped (tokens 0, 3) and on the pad.
+    ratios = torch.tensor([1.5, 0.5, 1.5, 0.5, 1.1])
+    advantages = torch.tensor([[1.0, 1.0, -1.0, -1.0, 1.0, NAN]])
+    mask = torch.tensor([[1, 1, 1, 1, 1, 0]], dtype=torch.bool)
+    for pad in (INF, NAN):
+        logprobs = torch.cat([torch.log(ratios), torch.tensor([pad])])[None].requires_grad_()
+        loss, clipfrac, approx_kl = policy_loss(logprobs, torch.zeros(1, 6), advantages, mask, 0.2)
+        loss.backward()
+        assert loss.item() == pytest.approx(-0.1, abs=1e-6) and clipfrac.item() == pytest.approx(0.4)
+        assert math.isfinite(approx_kl.item())
+        assert close(logprobs.grad, [[0.0, -0.5 / 5, 1.5 / 5, 0.0, -1.1 / 5, 0.0]])
+    # test_value_loss's three tokens (loss 0.841666…) plus a pad with an inf / NaN value and return.
+    # Gradient: 0.5 * 2 * (V - R) / 3 where unclipped (token 1: -0.3,
+    # token 2: -1/3), 0 where clipped (token 0) and on the pad.
+    for pad in (INF, NAN):
+        values = torch.tensor([[1.0, 0.1, -1.0, pad]], requires_grad=True)
+        loss, clipfrac = value_loss(values, torch.zeros(1, 4), torch.tensor([[2.0, 1.0, 0.0, pad]]),
+                                    torch.tensor([[1, 1, 1, 0]]), 0.2)
+        loss.backward()
+        assert loss.item() == pytest.approx(0.5 * (3.24 + 0.81 + 1.0) / 3, abs=1e-6)
+        assert clipfrac.item() == pytest.approx(1 / 3)
+        assert close(values.grad, [[0.0, -0.9 / 3, -1.0 / 3, 0.0]])
+
+
+def test_whitening_gradient_ignores_nan_in_padded_slots():
+    # whiten [1, 2, 3 | pad]: mean 2, var 1 → (-1, 0, 1); d Σ w·c / d x with c = (1, 0, 0) is
+    # (1 - 1/3 - (-1)·(-1)/2, -1/3 - (-1)·0/2, -1/3 - (-1)·1/2) = (1/6, -1/3, 1/6), 0 on the pad
+    x = torch.tensor([[1.0, 2.0, 3.0, NAN]], requires_grad=True)
+    whitened = masked_whiten(x, torch.tensor([[1, 1, 1, 0]], dtype=torch.bool), eps=0.0)
+    assert close(whitened, [[-1.0, 0.0, 1.0, 0.0]])
+    (whitened * torch.tensor([[1.0, 0.0, 0.0, 0.0]])).sum().backward()
+    assert close(x.grad, [[1 / 6, -1 / 3, 1 / 6, 0.0]])

@@ -78,15 +78,15 @@ def test_ppo_stage_trains_logs_and_writes_a_loadable_model(ppo_run, sft_run):
 
 
 def test_reference_stays_frozen_while_the_policy_moves(runs, sft_run, data_run):
-    from smolforge.alignment import ppo, ppo_math
+    from smolforge.alignment import online, ppo_math, ppo_models, ppo_step
 
     recipe = ppo_recipe()
     spec = recipe.ppo
-    models = ppo.build_models(sft_run.model_dir, spec)
-    _, _, train, _ = ppo.load_prompts(recipe, runs)
+    models = ppo_models.build_models(sft_run.model_dir, spec)
+    _, _, train, _ = online.load_prompts(recipe, runs, spec.seed)
     ref_before = {k: v.clone() for k, v in models.ref.state_dict().items()}
     policy_before = {k: v.clone() for k, v in models.policy.state_dict().items()}
-    metrics = ppo.ppo_step(models, spec, train[:spec.batch_size], [word_overlap], ppo_math.KLController(spec.kl_coef))
+    metrics = ppo_step.step(models, spec, train[:spec.batch_size], [word_overlap], ppo_math.KLController(spec.kl_coef))
     assert all(torch.equal(v, ref_before[k]) for k, v in models.ref.state_dict().items())
     assert not any(p.requires_grad for p in models.ref.parameters())
     assert any(not torch.equal(v, policy_before[k]) for k, v in models.policy.state_dict().items())
@@ -98,15 +98,15 @@ def test_batched_logprobs_match_one_sequence_at_a_time(sft_run):
     """Left-padded prompts + right-padded completions give each token the log-prob it has alone."""
     from transformers import AutoModelForCausalLM
 
-    from smolforge.alignment import ppo
+    from smolforge.alignment import ppo_step
 
     model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
     queries, completions = [[1, 40, 41, 42, 43, 44], [1, 50]], [[60, 61, 2], [62, 63, 64, 65, 2]]
-    rollout = ppo.make_rollout(queries, completions, pad_id=3, device="cpu")
+    rollout = ppo_step.make_rollout(queries, completions, pad_id=3, device="cpu")
     with torch.no_grad():
         logits = model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
                        position_ids=rollout.position_ids).logits[:, -rollout.response_length - 1:-1]
-        batched = ppo._logprobs(logits, rollout.response_ids, temperature=1.0)
+        batched = ppo_step.token_logprobs(logits, rollout.response_ids, temperature=1.0)
         for i, (query, completion) in enumerate(zip(queries, completions)):
             alone = model(input_ids=torch.tensor([query + completion])).logits[0, len(query) - 1:-1]
             expected = torch.log_softmax(alone, -1).gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
@@ -146,3 +146,32 @@ def test_reward_returning_the_wrong_length_is_named(runs, sft_run, data_run):
     rows = [{"prompt": "a", "answer": "x"}, {"prompt": "b", "answer": "y"}]
     with pytest.raises(RecipeError, match="'one_value' returned 1 values for 2 completions"):
         ppo.score_completions([one_value], None, rows, ["x", "y"], [[], []])
+
+
+def full_marks(prompts, completions, **kwargs):
+    return [1.0] * len(completions)
+
+
+def test_a_completion_that_stops_at_the_generation_configs_end_token_has_ended():
+    """A chat model stops at an end-of-turn token only its generation_config names (the samplers stop
+    there too): that completion has ended and gets no missing_eos_penalty."""
+    from types import SimpleNamespace
+
+    from smolforge.alignment import ppo_scoring
+
+    tokenizer = SimpleNamespace(eos_token_id=2)
+    policy = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
+    rows = [{"prompt": "Add 1 and 2.", "answer": "3"}] * 4
+    # end-of-turn (generation_config only), the tokenizer's eos, cut off by max_new_tokens, empty
+    completion_ids = [[5, 7], [5, 2], [5, 6], []]
+    scores = ppo_scoring.score(rows, ["3"] * 4, completion_ids, [full_marks], None, tokenizer, policy,
+                               missing_eos_penalty=0.5)
+    assert scores.ended == [True, True, False, False]
+    assert scores.total == [1.0, 1.0, 0.5, 0.5]
+
+
+def test_a_split_that_leaves_no_training_prompt_is_refused(runs, sft_run, tmp_path):
+    path = tmp_path / "one.jsonl"
+    path.write_text(json.dumps({"prompt": "Add 1 and 2.", "answer": "3"}) + "\n")
+    with pytest.raises(RecipeError, match="1 prompt rows leave none for training"):
+        load_stage("ppo").validate(ppo_recipe(data=str(path)), runs)

@@ -228,6 +228,10 @@ def test_two_process_zero_run_matches_one_process(runs, data_run, tmp_path, zero
     assert launched.returncode == 0, launched.stderr[-3000:]
     single, double = losses(runs.root / f"pretrain-1p-z{zero_stage}"), losses(runs.root / f"pretrain-2p-z{zero_stage}")
     assert list(double) == list(range(1, 7))
+    # the stage that ran, not the one asked for: one process has nothing to shard and runs ZeRO-0
+    assert runs.get(f"pretrain-2p-z{zero_stage}").metrics["train/zero_stage"] == zero_stage
+    assert runs.get(f"pretrain-1p-z{zero_stage}").metrics["train/zero_stage"] == 0
+    assert "running ZeRO-0" in single_run.stderr
     # same global batch each step; only the per-rank loss averaging differs
     np.testing.assert_allclose(list(double.values()), list(single.values()), rtol=1e-3)
     from transformers import AutoModelForCausalLM

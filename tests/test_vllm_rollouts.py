@@ -1,4 +1,4 @@
-"""The vLLM server path for RL rollouts (smolforge/vllm_server.py, alignment/vllm_rollouts.py).
+"""The vLLM server path for RL rollouts (generation/server.py, generation/rollouts.py).
 
 Runs a real vLLM server (the CPU build, fp32) on the tiny SFT model of the session chain.
 """
@@ -93,20 +93,21 @@ def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
     assert server.process is None
 
 
-def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_path):
-    from smolforge.generation.backends import pick_backend
+def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_path, monkeypatch):
+    from smolforge.generation import backends
 
+    monkeypatch.setattr(backends, "vllm_importable", lambda: True)   # the CPU build's rule, on any machine
+    monkeypatch.setattr(backends, "cuda_present", lambda: False)
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 4}))
-    assert pick_backend("hf", tmp_path) == "hf"
-    if torch.cuda.is_available() or importlib.util.find_spec("vllm") is None:
-        return  # the head-size rule is the CPU build's
-    assert pick_backend("auto", tmp_path) == "hf"                 # head size 16: CPU attention lacks it
+    assert backends.pick_backend("hf", tmp_path) == "hf"
+    assert backends.pick_backend("auto", tmp_path) == "hf"                 # head size 16: CPU attention lacks it
     with pytest.raises(RecipeError, match="does not support head size 16"):
-        pick_backend("vllm", tmp_path)
+        backends.pick_backend("vllm", tmp_path)
     (tmp_path / "config.json").write_text(json.dumps({"hidden_size": 64, "num_attention_heads": 2}))
-    assert pick_backend("auto", tmp_path) == "vllm-server"
-    with pytest.raises(RecipeError, match="unknown backend 'vlm'"):
-        pick_backend("vlm", tmp_path)
+    assert backends.pick_backend("auto", tmp_path) == "vllm-server"
+    monkeypatch.setattr(backends, "vllm_importable", lambda: False)
+    with pytest.raises(RecipeError, match="vLLM is not installed"):
+        backends.pick_backend("vllm", tmp_path)
 
 
 @needs_vllm

@@ -1,0 +1,114 @@
+"""A plan (what :func:`~smolforge.pretrain.planner.make_plan` returns) as two tables and warnings.
+
+    print_plan(plan)       # smolforge plan: summary table, memory per ZeRO stage; warnings on stderr
+    warn(plan)             # smolforge plan --json: only the warnings, on stderr
+
+    >>> warn({"warnings": ["this plan assumes an MFU of 70% (> 60%)"]}, file=sys.stdout)
+    warning: this plan assumes an MFU of 70% (> 60%)
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, TextIO
+
+from .planner_memory import MEMORY_HEADROOM
+
+__all__ = ["summary_rows", "memory_rows", "print_plan", "warn"]
+
+
+def _si(x: float | None, unit: str = "") -> str:
+    """3.075B, 11T, 2.43e+23 — short human numbers.
+
+    >>> _si(3075098624), _si(11e12), _si(950), _si(2.43e23)
+    ('3.075B', '11T', '950', '2.43e+23')
+    """
+    if x is None:
+        return "-"
+    for scale, suffix in ((1e12, "T"), (1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= scale:
+            if abs(x) >= 1000 * 1e12:
+                return f"{x:.3g}{unit}"
+            return f"{x / scale:.4g}{suffix}{unit}"
+    return f"{x:.4g}{unit}"
+
+
+def _gib(x: float) -> float:
+    return round(x / 2**30, 2)
+
+
+def summary_rows(plan: dict) -> list[list[str]]:
+    """The (quantity, value, how) rows of the plan table."""
+    p = plan
+    seq, vocab = p["seq_len"], p["vocab_size"]
+    act = p["activations_bytes"]
+    days_how = f"for --days {p['days']:g}" if p["days"] is not None else "give --days D"
+    rows = [
+        ["parameters", _si(p["params"]), f"counted on the meta device, vocab {vocab}"],
+        ["non-embedding parameters", _si(p["non_embedding_params"]),
+         f"minus {_si(p['embedding_params'])} embedding"],
+        ["tokens", _si(p["tokens"]), p["tokens_source"]],
+        ["FLOPs per token", f"{p['flops_per_token']:.4g}",
+         f"6 × matmul params + {p['attention_flops_per_token']:.3g} attention (seq {seq}"
+         f"{', causal halved' if p['causal_attention_halved'] else ', full square'})"],
+        ["training FLOPs", f"{p['train_flops']:.4g}", "FLOPs per token × tokens"],
+        ["peak per GPU", f"{p['peak_flops_per_gpu'] / 1e12:.4g} TFLOP/s", f"{p['gpu']}: {p['peak_source']}"],
+        ["MFU assumed", f"{p['mfu_assumed']:.1%}", p["mfu_source"]],
+        ["MFU required", "-" if p["mfu_required"] is None else f"{p['mfu_required']:.1%}",
+         "by --gpus × --days" if p["mfu_required"] is not None else "give --gpus G and --days D"],
+        ["tokens/s per GPU", _si(p["tokens_per_second_per_gpu"]), "peak × MFU ÷ FLOPs per token"],
+        ["GPU-hours", _si(p["gpu_hours"]), "training FLOPs ÷ (peak × MFU) ÷ 3600"],
+        ["GPUs needed", "-" if p["gpus_needed"] is None else str(p["gpus_needed"]), days_how],
+        ["days", "-" if p["days_needed"] is None else f"{p['days_needed']:.1f}",
+         f"on --gpus {p['gpus']}" if p["gpus"] is not None else "give --gpus G"],
+        ["cost", "-" if p["cost_usd"] is None else f"${_si(p['cost_usd'])}",
+         f"GPU-hours × ${p['price_usd_per_gpu_hour']:g}" if p["cost_usd"] is not None
+         else "give --price USD_PER_GPU_HOUR"],
+        ["KV cache per token", f"{p['kv_cache_bytes_per_token']} B",
+         "layers × kv_heads × head_dim × 2 (K, V) × 2 B (bf16)"],
+        ["activations / micro-batch", f"{_gib(act['full'])} GiB",
+         f"{act['micro_batch_size']} × {seq} tokens, fused attention; eager attention "
+         f"{_gib(act['full_eager_attention'])} GiB"],
+    ]
+    return rows
+
+
+def memory_rows(plan: dict) -> list[list[Any]]:
+    """One row per ZeRO stage of the memory table, in GiB; ``*`` marks the recipe's stage."""
+    rows = []
+    for stage, m in plan["memory_per_gpu_bytes"].items():
+        fits = "-" if m["fits"] is None else ("yes" if m["fits"] else
+                                              ("ckpt" if m["fits_checkpointed"] else "no"))
+        mark = "*" if str(plan.get("recipe_zero_stage")) == stage else ""
+        rows.append([f"{stage}{mark}", _gib(m["weights"]), _gib(m["grads"]), _gib(m["optimizer"]),
+                     _gib(m["activations"]), _gib(m["activations_checkpointed"]), _gib(m["total"]),
+                     _gib(m["total_checkpointed"]), fits])
+    return rows
+
+
+def print_plan(plan: dict, file: TextIO | None = None) -> None:
+    """The plan as two tables (summary, memory per ZeRO stage); warnings go to stderr."""
+    from smolforge.table import print_table
+
+    out = file or sys.stdout
+    title = f"plan for {plan['recipe']}" + (f" ({plan['name']})" if plan.get("name") else "")
+    print_table(["quantity", "value", "how"], summary_rows(plan), title=title, file=out)
+    print(file=out)
+    b = plan["bytes_per_param"]
+    mem = plan["gpu_memory_bytes"]
+    fits_head = f"fits {mem / 1e9:.0f} GB" if mem else "fits"
+    print_table(
+        ["zero", "weights", "grads", "optimizer", "activations", "act. ckpt", "total", "total ckpt",
+         fits_head],
+        memory_rows(plan),
+        title=(f"memory per GPU (GiB) over {plan['data_parallel_gpus']} data-parallel GPUs, "
+               f"{plan['precision']} {b['weights']}+{b['grads']}+{b['optimizer']} bytes/param"),
+        file=out)
+    print(f"* the recipe's zero_stage; fits: total <= {MEMORY_HEADROOM:.0%} of device memory, "
+          "ckpt: only with activation checkpointing", file=out)
+    warn(plan)
+
+
+def warn(plan: dict, file: TextIO | None = None) -> None:
+    """Each of the plan's warnings on a ``warning:`` line (stderr unless ``file``)."""
+    for line in plan.get("warnings", []):
+        print(f"warning: {line}", file=file or sys.stderr)
