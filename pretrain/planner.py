@@ -149,10 +149,11 @@ def make_plan(recipe, *, source: str = "recipe", tokens: Any = None, gpu: str = 
     Numbers may be given as numbers or strings (``"11T"``); each must be > 0. ``mfu`` is a
     fraction of peak (0.3 = 30 %).
 
-    >>> recipe = load_pretrain_recipe("recipes/smollm3-3b/pretrain.yaml")
-    >>> plan = make_plan(recipe, tokens="11T", gpus=384, days=24)
-    >>> f"{plan['params']:.3e}", f"{plan['mfu_required']:.1%}", plan["gpus_needed"], plan["warnings"]
-    ('3.075e+09', '30.8%', 384, [])
+    >>> from types import SimpleNamespace
+    >>> demo = SimpleNamespace(model=ModelShape(), train=SimpleNamespace(seq_len=256, micro_batch_size=16))
+    >>> plan = make_plan(demo, tokens="100M", mfu=0.3, days=1, vocab=1024)
+    >>> plan["params"], round(plan["gpu_hours"] * 3600, 1), plan["gpus_needed"], plan["warnings"]
+    (918656, 2.4, 1, [])
     """
     plan = {"recipe": source, "name": getattr(recipe, "name", None), **_device(gpu)}
     given = _given(recipe.train, gpus=gpus, days=days, mfu=mfu, price=price, seq_len=seq_len, vocab=vocab)

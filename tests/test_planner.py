@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -137,11 +136,9 @@ def test_peak_table_uses_dense_bf16_figures():
     assert all(spec.source for spec in DEVICES.values())
 
 
-def test_cpu_peak_is_measured_quickly():
-    measure_cpu_peak_flops.cache_clear()
-    start = time.perf_counter()
+def test_cpu_peak_is_measured():
+    measure_cpu_peak_flops.cache_clear()  # how long it takes: bench/cli_startup.py
     flops = measure_cpu_peak_flops()
-    assert time.perf_counter() - start < 1.0
     assert 1e8 < flops < 1e14
     assert peak_flops("cpu") == flops
 
@@ -220,11 +217,9 @@ def test_errors_are_raised_in_process_too():
         plan_file(SMOLLM3_3B, gpu="b200")
 
 
-def test_help_stays_fast_and_light():
-    start = time.perf_counter()
-    out = smolforge("--help")
+def test_help_stays_light():
+    out = smolforge("--help")  # how fast: bench/cli_startup.py
     assert out.returncode == 0 and "plan" in out.stdout
-    assert time.perf_counter() - start < 2.0
     probe = subprocess.run(
         [sys.executable, "-c", "import smolforge.cli, sys; "
          "print(sorted({'torch', 'transformers', 'smolforge.pretrain.planner'} & set(sys.modules)))"],

@@ -10,7 +10,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -119,14 +118,11 @@ def smolforge(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
 # --------------------------------------------------------------------------- the edge
 
 
-def test_help_is_fast_and_imports_no_torch():
+def test_help_imports_no_torch():
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    start = time.perf_counter()
     out = subprocess.run([sys.executable, "-m", "smolforge", "--help"], capture_output=True,
-                         text=True, env=env, timeout=30)
-    elapsed = time.perf_counter() - start
+                         text=True, env=env, timeout=30)  # how fast: bench/cli_startup.py
     assert out.returncode == 0 and "pipeline" in out.stdout and "lineage" in out.stdout
-    assert elapsed < 2.0, f"smolforge --help took {elapsed:.2f}s"
     probe = subprocess.run(
         [sys.executable, "-c", "import smolforge.cli, smolforge.pipeline, sys; "
          "print(sorted({'torch', 'transformers', 'trl', 'rich'} & set(sys.modules)))"],
