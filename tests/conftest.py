@@ -6,6 +6,7 @@ not copied, so the tests exercise the same code paths and defaults `make demo` u
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -62,20 +63,46 @@ def runs(tmp_path_factory) -> Runs:
 
 
 @pytest.fixture(scope="session")
-def data_run(runs):
-    return run_stage("data", runs)
+def chain_root(tmp_path_factory) -> Path:
+    """Where the tiny data → pretrain → sft → dpo chain is trained, once for the whole session.
+
+    Under pytest-xdist every worker has its own base folder; their common parent holds the chain,
+    so it is trained once and each worker copies the finished runs into its own ``runs``.
+    """
+    base = tmp_path_factory.getbasetemp()
+    return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "chain"
+
+
+def chain_run(stage: str, runs: Runs, chain_root: Path):
+    """Run ``stage`` of the shared chain (trained by whichever worker asks first), copied into ``runs``."""
+    from filelock import FileLock
+
+    name = tiny_recipe(stage).name
+    chain_root.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(chain_root / ".lock")):
+        built = (chain_root / name / "run.json").is_file() and Runs(chain_root).get(name, require_done=False)
+        if not built or built.status != "done":
+            run_stage(stage, Runs(chain_root))
+    if not (runs.root / name).exists():
+        shutil.copytree(chain_root / name, runs.root / name)
+    return runs.get(name)
 
 
 @pytest.fixture(scope="session")
-def pretrain_run(runs, data_run):
-    return run_stage("pretrain", runs)
+def data_run(runs, chain_root):
+    return chain_run("data", runs, chain_root)
 
 
 @pytest.fixture(scope="session")
-def sft_run(runs, pretrain_run):
-    return run_stage("sft", runs)
+def pretrain_run(runs, chain_root, data_run):
+    return chain_run("pretrain", runs, chain_root)
 
 
 @pytest.fixture(scope="session")
-def dpo_run(runs, sft_run):
-    return run_stage("dpo", runs)
+def sft_run(runs, chain_root, pretrain_run):
+    return chain_run("sft", runs, chain_root)
+
+
+@pytest.fixture(scope="session")
+def dpo_run(runs, chain_root, sft_run):
+    return chain_run("dpo", runs, chain_root)
