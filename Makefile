@@ -1,7 +1,8 @@
 # Two commands do all set-up on a fresh machine:
 #   make demo   installs what is missing into .venv, then runs the whole pipeline on the embedded default
 #               (data → pretrain → SFT → DPO → GRPO, then the human loop: review in Argilla → DPO)
-#   make test   installs what is missing into .venv, then runs every test
+#   make test   installs what is missing into .venv, then runs every test (two pytest-xdist workers)
+#   make test-fast  the same without the tests marked slow (servers, whole pipelines): the inner loop
 SHELL := /bin/bash
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -15,7 +16,8 @@ export HF_HUB_OFFLINE := 1
 export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup demo test clean
+.PHONY: setup demo test test-fast clean
+TEST_WORKERS ?= 2
 
 setup: $(STAMP) $(ARGILLA_STAMP)
 	@command -v redis-server >/dev/null 2>&1 || { echo "installing redis-server (embedded Argilla's job queue)"; \
@@ -49,7 +51,10 @@ demo: setup
 	$(VENV)/bin/smolforge pipeline recipes/demo/human_loop.yaml --overwrite
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+
+test-fast: setup
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
 
 clean:
 	rm -rf runs .pytest_cache

@@ -99,8 +99,13 @@ def _max_length(model_dir) -> int | None:
 
 @functools.lru_cache(maxsize=1)
 def _task_manager(factory):
-    """lm-eval's task index, built once per process (≈6 s each time otherwise)."""
-    return factory()
+    """lm-eval's task manager, without indexing lm-eval's ~10,000 bundled task files (≈6 s a process).
+
+    Every suite task reaches lm-eval as a full config (``smolforge.evals.suite`` resolves ``include:``
+    and ``!function`` when it loads the YAML, staged standard tasks included), so nothing is looked
+    up by name.
+    """
+    return factory(include_defaults=False)
 
 
 def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None = None,

@@ -300,14 +300,15 @@ class Run:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
-        """Hold the run's lock (``.run.lock``, an exclusive ``flock``) for a read-modify-write of run.json."""
+        """Hold the run's lock (an exclusive ``flock`` on the run folder itself) for a read-modify-write
+        of run.json; no lock file is left behind."""
         self.path.mkdir(parents=True, exist_ok=True)
-        with open(self.path / ".run.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # closing releases the lock
 
     def _write(self) -> None:
         """Write this run's info; metrics another process added to run.json meanwhile are kept."""

@@ -106,3 +106,13 @@ def sft_run(runs, chain_root, pretrain_run):
 @pytest.fixture(scope="session")
 def dpo_run(runs, chain_root, sft_run):
     return chain_run("dpo", runs, chain_root)
+
+
+# The longest file (a whole demo pipeline through the shell) starts first, so that under
+# `make test`'s two pytest-xdist workers (--dist loadfile) the other worker takes everything else
+# and both finish together, instead of one worker starting it last.
+RUN_FIRST = ("test_pipeline_e2e.py",)
+
+
+def pytest_collection_modifyitems(items):
+    items.sort(key=lambda item: item.path.name not in RUN_FIRST)

@@ -20,9 +20,9 @@ from smolforge.annotate.server import REPO, SERVER_FILE, running_url
 from smolforge.cli import main
 
 rg = pytest.importorskip("argilla")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None,
-    reason="needs .argilla-venv and redis-server (make setup)")
+    reason="needs .argilla-venv and redis-server (make setup)")]
 
 KEY = os.environ.get("ARGILLA_API_KEY") or "argilla.apikey"
 N = 12

@@ -15,9 +15,9 @@ from smolforge.annotate.server import REPO, ArgillaServer, connect
 from smolforge.errors import ServiceError
 
 rg = pytest.importorskip("argilla")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None,
-    reason="needs .argilla-venv and redis-server (make setup)")
+    reason="needs .argilla-venv and redis-server (make setup)")]
 
 TEXTS = ["The capital of France is Paris.", "Berlin is the capital of Germany.",
          "Paris Hilton is not a city.", "Madrid has good weather."]

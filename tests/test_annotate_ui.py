@@ -24,10 +24,10 @@ from smolforge.annotate.server import REPO, ArgillaServer, connect
 rg = pytest.importorskip("argilla")
 sync_api = pytest.importorskip("playwright.sync_api")
 CHROMIUM = shutil.which("chromium")
-pytestmark = pytest.mark.skipif(
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(
     not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None
     or CHROMIUM is None,
-    reason="needs .argilla-venv, redis-server and chromium (make setup)")
+    reason="needs .argilla-venv, redis-server and chromium (make setup)")]
 
 ARTIFACTS = REPO / ".artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",

@@ -204,6 +204,7 @@ def test_deepspeed_checkpoint_exports_to_the_same_weights_as_the_final_model(see
     assert not torch.equal(early["model.embed_tokens.weight"], b["model.embed_tokens.weight"])
 
 
+@pytest.mark.slow
 def test_audit_of_two_seeds_scores_every_checkpoint_once_then_reads_the_cache(
         runs, seeds, shared_task_index, monkeypatch, tmp_path):
     from smolforge.evals import stage

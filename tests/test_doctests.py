@@ -16,7 +16,6 @@ import pkgutil
 
 import pytest
 
-import smolforge
 
 PACKAGES = ["smolforge", "smolforge.data", "smolforge.generation", "smolforge.pretrain", "smolforge.alignment",
             "smolforge.evals", "smolforge.annotate"]

@@ -18,6 +18,7 @@ def one_reward_too_few(prompts, completions, **kwargs):
     return [1.0] * (len(completions) - 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
 def test_online_rl_trains_from_the_sft_model_and_reports_heldout_reward(runs, sft_run, data_run, stage):
     run = run_stage(stage, runs, name=f"{stage}-tiny", parent=sft_run.name, data=data_run.name,

@@ -11,6 +11,8 @@ import pytest
 
 from conftest import DEMO, REPO, TINY
 
+pytestmark = pytest.mark.slow  # real servers or whole pipelines: tens of seconds (make test-fast skips them)
+
 
 def flatten(prefix: str, tree: dict) -> list[str]:
     items = []

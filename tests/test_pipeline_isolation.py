@@ -12,9 +12,12 @@ import shutil
 import subprocess
 import sys
 
+import pytest
 import yaml
 
 from conftest import TINY
+
+pytestmark = pytest.mark.slow  # real servers or whole pipelines: tens of seconds (make test-fast skips them)
 
 
 def smolforge(*args: str, cwd, runs_dir) -> subprocess.Popen:

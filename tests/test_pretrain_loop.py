@@ -149,12 +149,15 @@ def test_spike_guard_rewinds_to_the_last_checkpoint_and_skips_the_window(runs, s
 
 
 # -- checkpoints and exact resume --------------------------------------------------------------
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_an_uninterrupted_run(runs, data_run, tmp_path):
-    train = {"max_steps": 80, "log_every": 1, "micro_batch_size": 8, "seq_len": 128}
+    from smolforge.recipe import build_stage_recipe, load_recipe
+
+    train = {"max_steps": 40, "log_every": 1, "micro_batch_size": 8, "seq_len": 128}
     checkpoint = {"every_steps": 10, "keep": 2}
-    reference = write_recipe(tmp_path / "ref.yaml", runs, "pretrain-reference", data_run.name,
-                             train=train, checkpoint=checkpoint)
-    subprocess.run([sys.executable, *reference], check=True, capture_output=True, cwd=REPO, timeout=300)
+    write_recipe(tmp_path / "ref.yaml", runs, "pretrain-reference", data_run.name, train=train, checkpoint=checkpoint)
+    _, reference = load_recipe(tmp_path / "ref.yaml")               # the uninterrupted run, in this process
+    pretrain_stage.run(build_stage_recipe(pretrain_stage, reference, source="ref.yaml"), runs)
 
     killed = write_recipe(tmp_path / "kill.yaml", runs, "pretrain-killed", data_run.name,
                           train=train, checkpoint=checkpoint)
@@ -162,20 +165,20 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(runs, data_run, tmp_pa
     proc = subprocess.Popen([sys.executable, *killed], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while not (run_dir / "checkpoints" / "step-30").exists() and time.time() < deadline:
+    while not (run_dir / "checkpoints" / "step-20").exists() and time.time() < deadline:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert Run(run_dir).status == "running"  # killed mid-training: not done, no model
     assert not (run_dir / "model").exists()
-    assert max(losses(run_dir)) < 80
+    assert max(losses(run_dir)) < 40
 
     resumed = subprocess.run([sys.executable, *killed], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert Run(run_dir).status == "done"
     [resume] = events(run_dir, "resume")
-    assert resume["step"] >= 30
+    assert resume["step"] >= 20
     assert losses(run_dir) == losses(runs.root / "pretrain-reference")  # every step, bit for bit
 
 
@@ -213,30 +216,39 @@ def test_resuming_is_refused_when_asked_never(runs, data_run):
 
 
 # -- several processes ---------------------------------------------------------------------------
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_process_zero_run_matches_one_process(runs, data_run, tmp_path, zero_stage):
-    train = {"max_steps": 6, "log_every": 1, "seq_len": 64, "zero_stage": zero_stage}
-    one = write_recipe(tmp_path / "one.yaml", runs, f"pretrain-1p-z{zero_stage}", data_run.name,
-                       train={**train, "micro_batch_size": 8})
-    two = write_recipe(tmp_path / "two.yaml", runs, f"pretrain-2p-z{zero_stage}", data_run.name,
-                       train={**train, "micro_batch_size": 4})
-    single_run = subprocess.run([sys.executable, *one], capture_output=True, text=True, cwd=REPO, timeout=300)
+@pytest.fixture(scope="module")
+def one_process_run(runs, data_run, tmp_path_factory):
+    """The reference for the ZeRO runs: one process, batch 8 (it runs ZeRO-0: nothing to shard)."""
+    recipe = write_recipe(tmp_path_factory.mktemp("zero") / "one.yaml", runs, "pretrain-1p", data_run.name,
+                          train={**ZERO_TRAIN, "zero_stage": 2, "micro_batch_size": 8})
+    single_run = subprocess.run([sys.executable, *recipe], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert single_run.returncode == 0, single_run.stderr[-3000:]
+    assert "running ZeRO-0" in single_run.stderr
+    return runs.root / "pretrain-1p"
+
+
+ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_two_process_zero_run_matches_one_process(runs, data_run, one_process_run, tmp_path, zero_stage):
+    two = write_recipe(tmp_path / "two.yaml", runs, f"pretrain-2p-z{zero_stage}", data_run.name,
+                       train={**ZERO_TRAIN, "zero_stage": zero_stage, "micro_batch_size": 4})
     launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
                                "--master_port", str(free_port()), *two],
                               capture_output=True, text=True, cwd=REPO, timeout=300)
     assert launched.returncode == 0, launched.stderr[-3000:]
-    single, double = losses(runs.root / f"pretrain-1p-z{zero_stage}"), losses(runs.root / f"pretrain-2p-z{zero_stage}")
+    single, double = losses(one_process_run), losses(runs.root / f"pretrain-2p-z{zero_stage}")
     assert list(double) == list(range(1, 7))
     # the stage that ran, not the one asked for: one process has nothing to shard and runs ZeRO-0
     assert runs.get(f"pretrain-2p-z{zero_stage}").metrics["train/zero_stage"] == zero_stage
-    assert runs.get(f"pretrain-1p-z{zero_stage}").metrics["train/zero_stage"] == 0
-    assert "running ZeRO-0" in single_run.stderr
+    assert runs.get("pretrain-1p").metrics["train/zero_stage"] == 0
     # same global batch each step; only the per-rank loss averaging differs
     np.testing.assert_allclose(list(double.values()), list(single.values()), rtol=1e-3)
     from transformers import AutoModelForCausalLM
 
-    a = AutoModelForCausalLM.from_pretrained(runs.root / f"pretrain-1p-z{zero_stage}" / "model").state_dict()
+    a = AutoModelForCausalLM.from_pretrained(one_process_run / "model").state_dict()
     b = AutoModelForCausalLM.from_pretrained(runs.root / f"pretrain-2p-z{zero_stage}" / "model").state_dict()
     assert a.keys() == b.keys()
     for key in a:  # ZeRO-3's partitioned weights were gathered into a complete model

@@ -194,6 +194,7 @@ def scored_chain(runs, data_run, pretrain_run, sft_run, dpo_run):
     return runs, runs.get(dpo_run.name)
 
 
+@pytest.mark.slow
 def test_report_of_a_real_chain_renders_in_chromium(scored_chain, tmp_path):
     from PIL import Image
 

@@ -12,6 +12,8 @@ import torch
 
 from smolforge.errors import RecipeError, ServiceError
 
+pytestmark = pytest.mark.slow  # real servers or whole pipelines: tens of seconds (make test-fast skips them)
+
 PROMPTS = [[{"role": "user", "content": "Add 1 and 2."}], [{"role": "user", "content": "What is 3 plus 4?"}],
            [{"role": "user", "content": "Name the food that Bo eats."}]]
 
@@ -71,17 +73,6 @@ def test_server_samples_what_hf_would_and_follows_weight_updates(sft_run, tmp_pa
     assert rollouts.server.process.poll() is not None
     assert not list((tmp_path / "rollouts").glob("weights-*"))
     assert (tmp_path / "rollouts" / "vllm-server.log").stat().st_size > 0
-
-
-@needs_vllm
-def test_a_model_folder_vllm_cannot_load_fails_with_the_end_of_its_log(tmp_path):
-    from smolforge.generation.server import VLLMServer
-
-    (tmp_path / "config.json").write_text(json.dumps({"model_type": "no_such_architecture"}))
-    server = VLLMServer(tmp_path, log_path=tmp_path / "server.log", ready_timeout=240)
-    with pytest.raises(ServiceError, match=r"exited with code \d+ before it was ready; end of .*server.log"):
-        server.start()
-    assert server.process.poll() is not None
 
 
 def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
