@@ -1,18 +1,13 @@
-"""Reward functions for online RL (GRPO, RLOO, PPO): verifiers, a reward-model scorer, held-out scoring.
+"""Reward functions for online RL (GRPO, RLOO, PPO): resolving a recipe's rewards, a reward-model scorer,
+held-out scoring.
 
 Every reward has TRL's signature ``fn(prompts, completions, **columns) -> list[float | None]``:
 dataset columns arrive as keyword lists (``answer=[...]``, ``kind=[...]``), and a completion is a
 string or, for conversational data, ``[{"role": "assistant", "content": "..."}]``. ``None`` means
-"does not apply to this sample" (TRL then leaves it out of the sum).
+"does not apply to this sample" (TRL then leaves it out of the sum). The built-in verifiers
+(``answer_match``, ``arith_verifier``) live in :mod:`smolforge.generation.verifiers`, where the
+scripted annotators reach them too.
 
-    >>> prompts = [[{"role": "user", "content": "Add 3 and 4."}]] * 3
-    >>> completions = [[{"role": "assistant", "content": "3 plus 4 is 7."}],
-    ...                [{"role": "assistant", "content": "It is 7"}],
-    ...                [{"role": "assistant", "content": "3 plus 4 is 8."}]]
-    >>> answer_match(prompts, completions, answer=["3 plus 4 is 7."] * 3)
-    [1.0, 0.5, 0.0]
-    >>> arith_verifier(prompts, completions)
-    [1.0, 1.0, 0.0]
     >>> reward = resolve("answer_match")          # what a recipe's ``rewards: [answer_match]`` becomes
     >>> reward.__name__, reward(["Q"], ["Red."], answer=["Kalo likes red."])
     ('answer_match', [0.5])

@@ -1,0 +1,78 @@
+"""The layers stay layers: imports point down, the spine names no stage, HTTP goes through one client.
+
+Read from the source with ``ast`` (every import, also those inside functions), so a lazy import
+that climbs a layer fails here as surely as a top-level one.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FOLDERS = {"smolforge": "smolforge", "data": "data", "generation": "generation", "pretrain": "pretrain",
+           "alignment": "alignment", "evals": "evals", "annotate": "annotate"}
+# package → the packages it may import (the spine imports none of the others)
+ALLOWED = {
+    "smolforge": set(),
+    "data": {"smolforge"},
+    "generation": {"smolforge"},
+    "pretrain": {"data", "smolforge"},
+    "alignment": {"generation", "data", "smolforge"},
+    "evals": {"pretrain", "generation", "data", "smolforge"},
+    "annotate": {"generation", "data", "smolforge"},
+}
+HTTP_CALLS = ("urlopen", "requests.", "httpx.")
+HTTP_ALLOWED = {"generation/client.py", "smolforge/processes.py"}   # the one client, and the health probe
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The smolforge packages a module imports (``smolforge.data.x`` → ``data``; the spine → ``smolforge``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "smolforge":
+                found.add(parts[1] if len(parts) > 1 and parts[1] in FOLDERS else "smolforge")
+            elif parts[0] in FOLDERS and parts[0] != "smolforge":
+                found.add(f"bare:{parts[0]}")          # `import data…`: the un-namespaced name
+    return found
+
+
+def modules(folder: str) -> list[Path]:
+    return sorted((REPO / folder).glob("*.py"))
+
+
+@pytest.mark.parametrize("package", sorted(ALLOWED))
+def test_each_package_imports_only_the_layers_below_it(package):
+    wrong = {}
+    for path in modules(FOLDERS[package]):
+        climbs = imported_packages(path) - ALLOWED[package] - {package}
+        if climbs:
+            wrong[path.name] = sorted(climbs)
+    assert wrong == {}
+
+
+def test_the_cli_and_the_pipeline_runner_name_no_stage():
+    for name in ("cli.py", "pipeline.py", "commands.py"):
+        assert imported_packages(REPO / "smolforge" / name) <= {"smolforge"}, name
+        text = (REPO / "smolforge" / name).read_text()
+        assert "import_module(\"smolforge." not in text
+
+
+def test_http_clients_live_only_in_the_generation_client_and_the_health_probe():
+    users = set()
+    for folder in FOLDERS.values():
+        for path in modules(folder):
+            if any(call in path.read_text() for call in HTTP_CALLS):
+                users.add(f"{folder}/{path.name}")
+    assert users == HTTP_ALLOWED
+
+
+def test_the_checks_above_see_a_climbing_import(tmp_path):
+    module = tmp_path / "bad.py"
+    module.write_text("def f():\n    from smolforge.evals.stage import run\n    import data.jsonl\n")
+    assert imported_packages(module) == {"evals", "bare:data"}
