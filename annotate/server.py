@@ -187,6 +187,11 @@ def connect(url: str, api_key: str):
     from argilla._exceptions import ArgillaCredentialsError
     from httpx import HTTPError
 
+    from smolforge.processes import http_ok
+
+    if not http_ok(f"{url.rstrip('/')}/api/v1/status", timeout=5):  # the SDK would retry with backoff first
+        raise ServiceError(f"Argilla is not reachable at {url} (no answer on /api/v1/status); start it with "
+                           "`smolforge annotate serve` or check the URL")
     try:
         return rg.Argilla(api_url=url, api_key=api_key)
     except ArgillaCredentialsError:

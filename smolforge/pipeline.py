@@ -46,6 +46,7 @@ import dataclasses
 import difflib
 import json
 import os
+import re
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -65,6 +66,7 @@ from smolforge.table import print_table
 __all__ = ["Step", "Pipeline", "load_pipeline", "run_pipeline", "summary", "score_columns"]
 
 PIPELINE_KEYS = ("pipeline", "eval")
+REPORTED_ERROR = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_.]*(Error|Exception|Interrupt): ")
 STEP_KEYS = ("recipe", "set", "gates")
 
 
@@ -266,8 +268,9 @@ class StepResult:
 
     @property
     def reported(self) -> bool:
-        """Whether the step printed its own error last (``RunError: …``), as smolforge's CLI does."""
-        return bool(self.tail) and self.tail[-1].split(":", 1)[0].endswith("Error")
+        """Whether the step printed an error among its last lines: smolforge's one-line ``RunError: …``,
+        or the last line of a traceback (``[rank0]: RuntimeError: …``); a progress bar may follow it."""
+        return any(REPORTED_ERROR.match(line) for line in self.tail)
 
 
 def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,

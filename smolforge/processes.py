@@ -138,18 +138,18 @@ class OutputTail:
     def __init__(self, size: int = 12) -> None:
         self.size = size
         self._lines: list[str] = []
-        self._partial = ""
+        self._partial: dict[int, str] = {}      # per stream: stdout and stderr lines must not mix
         self._lock = threading.Lock()
 
-    def feed(self, chunk: bytes) -> None:
+    def feed(self, chunk: bytes, stream: int = 1) -> None:
         with self._lock:
-            text = self._partial + chunk.decode("utf-8", errors="replace")
-            *complete, self._partial = text.replace("\r", "\n").split("\n")
+            text = self._partial.get(stream, "") + chunk.decode("utf-8", errors="replace")
+            *complete, self._partial[stream] = text.replace("\r", "\n").split("\n")
             self._lines = (self._lines + [line for line in complete if line.strip()])[-self.size:]
 
     def lines(self) -> list[str]:
         with self._lock:
-            last = [self._partial] if self._partial.strip() else []
+            last = [part for part in self._partial.values() if part.strip()]
             return (self._lines + last)[-self.size:]
 
 
@@ -162,7 +162,7 @@ def _forward(source: int, sink: TextIO, tail: OutputTail) -> None:
             break
         if not chunk:
             break
-        tail.feed(chunk)
+        tail.feed(chunk, source)
         if raw is not None:
             raw.write(chunk)
             raw.flush()

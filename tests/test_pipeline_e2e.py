@@ -14,6 +14,22 @@ from conftest import DEMO, REPO, TINY
 pytestmark = pytest.mark.slow  # real servers or whole pipelines: tens of seconds (make test-fast skips them)
 
 
+def vllm_cpu() -> bool:
+    import importlib.util
+
+    import torch
+
+    return importlib.util.find_spec("vllm") is not None and not torch.cuda.is_available()
+
+
+def vllm_gpu() -> bool:
+    import importlib.util
+
+    import torch
+
+    return importlib.util.find_spec("vllm") is not None and torch.cuda.is_available()
+
+
 def flatten(prefix: str, tree: dict) -> list[str]:
     items = []
     for key, value in tree.items():
@@ -52,6 +68,11 @@ def test_demo_pipeline_runs_every_stage_and_scores_each_model(pipeline_result):
     assert [s["run"] for s in model_steps] == ["pretrain-demo", "sft-demo", "dpo-demo", "grpo-demo"]
     grpo = model_steps[-1]["metrics"]
     assert 0 <= grpo["rl/heldout_reward_before"] <= 1 and 0 <= grpo["rl/heldout_reward_after"] <= 1
+    # GRPO samples from a vLLM server holding the policy where vLLM's CPU build is installed (TRL's
+    # rollout hook), and the policy is pushed into it after each optimizer step but the last
+    assert grpo["rl/generation"] == ("vllm-server" if vllm_cpu() else "trl-vllm" if vllm_gpu() else "hf")
+    assert grpo["rl/weight_syncs"] == (TINY["grpo"]["trainer"]["max_steps"] - 1
+                                       if grpo["rl/generation"] == "vllm-server" else 0)
     for step in model_steps:
         assert step["status"] == "done" and step["tokens"] > 0 and step["wall_s"] > 0
         for key in ("facts/acc", "arith/acc", "instruct/exact_match", "prefs/acc", "prefs/margin"):
@@ -86,16 +107,21 @@ def test_runs_lists_every_run_with_its_status(pipeline_result):
         "data-demo": "done", "pretrain-demo": "done", "sft-demo": "done", "dpo-demo": "done", "grpo-demo": "done"}
 
 
-def test_a_failing_step_stops_the_pipeline_and_marks_its_run_failed(tmp_path):
+def test_a_failing_step_stops_the_pipeline_and_marks_its_run_failed(pipeline_result, tmp_path):
+    runs_dir, _ = pipeline_result                                   # its data-demo feeds this pipeline
     pipeline = tmp_path / "pipeline.yaml"
-    pipeline.write_text(f"pipeline:\n  - {DEMO / 'data.yaml'}\n  - {DEMO / 'pretrain.yaml'}\n  - {DEMO / 'sft.yaml'}\n")
-    args = ["pipeline", str(pipeline)]
-    for item in flatten("data", TINY["data"]) + flatten("pretrain", TINY["pretrain"]):
+    pipeline.write_text(f"pipeline:\n  - {DEMO / 'pretrain.yaml'}\n  - {DEMO / 'sft.yaml'}\n")
+    args = ["pipeline", str(pipeline), "--set", "pretrain.name=pretrain-nan", "--set", "sft.name=sft-after-nan",
+            "--set", "sft.parent=pretrain-nan"]
+    for item in flatten("pretrain", TINY["pretrain"]):
         args += ["--set", item]
     args += ["--set", 'pretrain.model.extra={"rms_norm_eps": .nan}']
-    proc = smolforge(tmp_path / "runs", *args)
+    proc = smolforge(runs_dir, *args)
     assert proc.returncode == 2
-    assert "pipeline step 2 (stage pretrain, run pretrain-demo) failed" in proc.stderr
-    info = json.loads((tmp_path / "runs" / "pretrain-demo" / "run.json").read_text())
+    # the stage's traceback ends in its RuntimeError, which the pipeline points to
+    assert "RuntimeError: loss became nan" in proc.stderr
+    assert "pipeline step 1 (stage pretrain, run pretrain-nan) failed with exit code 1; see the output above" \
+        in proc.stderr
+    info = json.loads((runs_dir / "pretrain-nan" / "run.json").read_text())
     assert info["status"] == "failed" and "loss became nan" in info["error"]
-    assert not (tmp_path / "runs" / "sft-demo").exists()
+    assert not (runs_dir / "sft-after-nan").exists()
