@@ -348,13 +348,14 @@ def _step_failure(step: Step, result: StepResult, root: Path) -> str:
     what = f"stage {step.stage}, run {result.name}" if result.name else f"stage {step.stage}"
     head = f"pipeline {step.label} ({what}) {exit_text(result.code)}"
     record = root / result.name / "run.json" if result.name else None
-    also = f" and {record}" if record is not None and record.is_file() else ""
+    record = record if record is not None and record.is_file() else None
     if result.reported:
-        return f"{head}; see the output above{also}"
+        return f"{head}; see the output above" + (f" and {record}" if record else "")
+    see = f"; see {record}" if record else ""
     if not result.tail:
-        return f"{head} before it printed anything{also.replace(' and ', '; see ', 1)}"
+        return f"{head} before it printed anything{see}"
     lines = "\n".join(f"  | {line}" for line in result.tail)
-    return f"{head} before it reported an error{also.replace(' and ', '; see ', 1)}; its last output lines:\n{lines}"
+    return f"{head} before it reported an error{see}; its last output lines:\n{lines}"
 
 
 def _gated_run(step: Step, name: str | None) -> str:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -11,7 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def test_the_wheel_installs_namespaced_stages_and_their_suites_and_resists_a_shadowing_folder(tmp_path):
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+    source = tmp_path / "source"        # setuptools builds in the source tree (build/, *.egg-info): not in the repo
+    shutil.copytree(REPO, source, ignore=shutil.ignore_patterns(
+        ".git", ".venv", ".argilla-venv", "runs", "build", "*.egg-info", ".artifacts", "__pycache__", ".pytest_cache"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
                             "-q", "-w", str(tmp_path / "dist")], capture_output=True, text=True, timeout=300)
     assert built.returncode == 0, built.stderr[-2000:]
     assert "would be ignored" not in built.stderr                 # every package is declared
