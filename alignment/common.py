@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 from smolforge.errors import RecipeError, RunError
-from smolforge.recipe import to_dict
 from smolforge.generation.prompts import load_tokenizer
 from smolforge.runs import Run, Runs
 
@@ -56,10 +55,12 @@ def trainer_defaults(**overrides) -> dict:
 
     On CPU: ``use_cpu`` and fp32 without gradient checkpointing (bf16 autocast and checkpointing
     made tiny models 2-8x slower there). On a GPU: bf16 and checkpointing, TRL's own defaults.
+    A checkpoint every 100 steps (the newest two kept) lets an interrupted stage resume.
     """
     on_gpu = cuda_available()
     values = {"use_cpu": not on_gpu, "bf16": on_gpu, "gradient_checkpointing": on_gpu,
-              "report_to": "none", "save_strategy": "no", "logging_steps": 10, "seed": 0,
+              "report_to": "none", "save_strategy": "steps", "save_steps": 100, "save_total_limit": 2,
+              "logging_steps": 10, "seed": 0,
               "dataloader_num_workers": 0, "include_num_input_tokens_seen": "non_padding"}
     values.update(overrides)
     return values
@@ -157,14 +158,16 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
 
     from smolforge.data.schemas import load_many, resolve_data
 
+    from .ranks import check_exportable, save_trained, start_run
+
     kind, schema = STAGE_DATA[stage]
     parent = model_parent(runs, recipe.parent)
     paths, data_run = resolve_data(recipe.data, runs, kind)
     rows = load_many(paths, schema)
     parents = [parent] + ([data_run] if data_run else [])
     parents += [extra for extra in extra_parents if extra.name not in {p.name for p in parents}]
-    with runs.start(stage, recipe.name, to_dict(recipe), parents=parents,
-                    data_fingerprints=lineage_fingerprints(parents, {kind: paths}), overwrite=overwrite) as run:
+    fingerprints = lineage_fingerprints(parents, {kind: paths})
+    with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
         if eval_fraction > 0:
@@ -173,10 +176,12 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
                                    eval_dataset=Dataset.from_list(eval_rows))
         else:
             trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, [run_logger(run)])
-        result = trainer.train()
-        run.save_model(export(trainer, run) if export is not None else trainer.model, tokenizer)
+        check_exportable(trainer, export is not None)
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        save_trained(trainer, run, tokenizer, export)
         summary = train_summary(trainer, result)
         if summarize is not None:
             summary.update(summarize(trainer))
-        run.finish(metrics=summary)
-    return run
+        if trainer.accelerator.is_main_process:
+            run.finish(metrics=summary)
+    return run.reload()

@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smolforge.errors import RecipeError
-from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
 from smolforge.generation.prompts import load_tokenizer
@@ -85,7 +84,7 @@ def reward_functions(names: list, runs: Runs) -> list[Callable]:
     return [resolve(name, runs) for name in names]
 
 
-def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool) -> tuple[str, str]:
+def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool, processes: int = 1) -> tuple[str, str]:
     """(backend, why) without side effects: "trl-vllm", "vllm-server" or "hf"; RecipeError when impossible."""
     from smolforge.generation.backends import pick_backend
 
@@ -94,6 +93,8 @@ def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool) -> tuple[str, st
     backend = pick_backend(recipe.generation, model_dir)
     if backend == "vllm":
         return "trl-vllm", "TRL's vLLM colocate mode (an engine in this process)"
+    if backend == "vllm-server" and processes > 1:
+        return "hf", f"HF generate on each of the {processes} processes (the vLLM server path serves one process)"
     if backend == "vllm-server" and not has_rollout_hook:
         if recipe.generation == "vllm":
             raise RecipeError("generation: vllm on CPU needs TRL's rollout_func hook, which this trainer lacks; "
@@ -102,9 +103,9 @@ def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool) -> tuple[str, st
     return backend, backend
 
 
-def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool) -> str:
+def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool, processes: int = 1) -> str:
     """"trl-vllm" (TRL's own vLLM modes), "vllm-server" (our server via rollout_func) or "hf"; logged."""
-    backend, why = _choose_rollouts(recipe, model_dir, has_rollout_hook)
+    backend, why = _choose_rollouts(recipe, model_dir, has_rollout_hook, processes)
     if backend == "trl-vllm" and not recipe.trainer.use_vllm:
         recipe.trainer.use_vllm, recipe.trainer.vllm_mode = True, "colocate"
     log.info("rollouts: %s", why)
@@ -161,18 +162,22 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
 
     from .rewards import mean_reward
 
+    from .ranks import full_weights, process_state, save_trained, start_run
+
     parent = model_parent(runs, recipe.parent)
     paths, data_run, train, heldout = load_prompts(recipe, runs, recipe.trainer.seed)
     rewards = reward_functions(recipe.rewards, runs)
-    backend = rollout_backend(recipe, parent.model_dir, has_rollout_hook=has_rollout_hook)
+    backend = rollout_backend(recipe, parent.model_dir, has_rollout_hook=has_rollout_hook,
+                              processes=process_state().num_processes)
     parents = [parent] + ([data_run] if data_run else [])
-    with runs.start(stage, recipe.name, to_dict(recipe), parents=parents,
-                    data_fingerprints=lineage_fingerprints(parents, {"prompts": paths}), overwrite=overwrite) as run:
+    fingerprints = lineage_fingerprints(parents, {"prompts": paths})
+    with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
         model = AutoModelForCausalLM.from_pretrained(parent.model_dir)
-        before, details_before = mean_reward(model, tokenizer, heldout, rewards,
-                                             max_new_tokens=recipe.eval_max_new_tokens)
+        with full_weights(model):
+            before, details_before = mean_reward(model, tokenizer, heldout, rewards,
+                                                 max_new_tokens=recipe.eval_max_new_tokens)
         log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
         rollouts = None
         if backend == "vllm-server":
@@ -184,13 +189,17 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer) if rollouts else None
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, [run_logger(run)],
                                    rollout_func)
-            result = trainer.train()
+            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         finally:
             if rollouts is not None:
                 rollouts.stop()
-        after, details = mean_reward(trainer.model, tokenizer, heldout, rewards,
-                                     max_new_tokens=recipe.eval_max_new_tokens)
-        run.save_model(trainer.model, tokenizer)
+        policy = trainer.accelerator.unwrap_model(trainer.model)
+        with full_weights(policy):
+            after, details = mean_reward(policy, tokenizer, heldout, rewards,
+                                         max_new_tokens=recipe.eval_max_new_tokens)
+        save_trained(trainer, run, tokenizer)
+        if not trainer.accelerator.is_main_process:
+            return run
         write_jsonl(run.path / "rl" / "heldout.jsonl",
                     [{"before": b, "after": a} for b, a in zip(details_before, details)])
         summary = train_summary(trainer, result)

@@ -192,7 +192,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     parents = [parent] + ([data_run] if data_run else [])
     backend = _rollout_backend(recipe, parent.model_dir, accelerator.num_processes)
     context = runs.start("ppo", recipe.name, to_dict(recipe), parents=parents, overwrite=overwrite,
-                         data_fingerprints=lineage_fingerprints(parents, {"prompts": paths})) if main else _NoRun()
+                         data_fingerprints=lineage_fingerprints(parents, {"prompts": paths})) if main \
+        else _NoRun(runs.root / recipe.name, accelerator.process_index)
     with context as run:
         set_seed(spec.seed, device_specific=True)
         models = build_models(parent.model_dir, spec, accelerator)
@@ -287,12 +288,19 @@ def heldout_reward(models, rows: list[dict], reward_fns: list, max_new_tokens: i
 
 
 class _NoRun:
-    """Stands in for the run on processes other than the main one: they train, it records."""
+    """Stands in for the run on processes other than the main one: they train, it records; an
+    exception on this rank still fails the run, with this rank's message."""
+
+    def __init__(self, path, rank: int) -> None:
+        self.path, self.rank = path, rank
 
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> bool:
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is not None and (self.path / "run.json").is_file():
+            message = str(exc)
+            Run(self.path).fail(f"rank {self.rank}: {exc_type.__name__}" + (f": {message}" if message else ""))
         return False
 
     def log(self, step, **values) -> None:

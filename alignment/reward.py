@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from trl import RewardConfig
 
 from smolforge.errors import DataError, RecipeError
-from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
 from .common import (LoraSpec, check_lora, lineage_fingerprints, load_tokenizer, lora_config, model_parent,
@@ -128,11 +127,13 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from datasets import Dataset
     from trl import RewardTrainer
 
+    from .ranks import check_exportable, full_weights, save_trained, start_run
+
     parent = model_parent(runs, recipe.parent)
     train_rows, held, paths, data_run = _pairs(recipe, runs)
     parents = [parent] + ([data_run] if data_run else [])
-    with runs.start("reward", recipe.name, to_dict(recipe), parents=parents,
-                    data_fingerprints=lineage_fingerprints(parents, {"prefs": paths}), overwrite=overwrite) as run:
+    fingerprints = lineage_fingerprints(parents, {"prefs": paths})
+    with start_run(runs, "reward", recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
         # A path, not a model: RewardTrainer then adds the one-label head after set_seed(trainer.seed)
@@ -142,19 +143,24 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                                 eval_dataset=Dataset.from_list(_columns(held)),
                                 processing_class=tokenizer, callbacks=[run_logger(run)],
                                 peft_config=lora_config(recipe.lora, "SEQ_CLS") if recipe.lora else None)
+        check_exportable(trainer, recipe.lora is not None)
         kept = len(trainer.train_dataset)
         if kept == 0:
             raise DataError(f"every training pair is longer than trainer.max_length={recipe.trainer.max_length} "
                             "tokens (RewardTrainer drops those); raise trainer.max_length")
-        before = heldout_scores(trainer.model, tokenizer, held)
-        result = trainer.train()
+        with full_weights(trainer.model):
+            before = heldout_scores(trainer.model, tokenizer, held)
+        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         trl_eval = trainer.evaluate()
-        model = trainer.model
-        if recipe.lora is not None:  # keep the adapter; model/ is the merged, plain HF model
+        model = trainer.accelerator.unwrap_model(trainer.model)
+        if recipe.lora is not None and trainer.accelerator.is_main_process:  # keep the adapter; model/ is merged
             model.save_pretrained(run.path / "adapter", safe_serialization=True)
             model = model.merge_and_unload()
-        after = heldout_scores(model, tokenizer, held)  # what model/ holds
-        run.save_model(model, tokenizer)
+        with full_weights(model):
+            after = heldout_scores(model, tokenizer, held)  # what model/ holds
+        save_trained(trainer, run, tokenizer, export=lambda trainer, run: model)
+        if not trainer.accelerator.is_main_process:
+            return run
         summary = train_summary(trainer, result)
         summary.update({"reward/heldout_accuracy": after["accuracy"], "reward/heldout_margin": after["margin"],
                         "reward/heldout_accuracy_before": before["accuracy"], "reward/heldout_pairs": len(held),

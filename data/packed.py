@@ -5,22 +5,28 @@ as :func:`smolforge.data.packing.pack_documents` would, and appends them to two 
 domain, ``packed/<domain>.ids.bin`` (uint32 token ids) and ``packed/<domain>.pos.bin`` (uint16
 or uint32 position ids), nanoGPT-style; ``packed/meta.json`` holds the shapes. Labels are not
 stored: they are the ids with -100 wherever a position restarts at 0. ``load_packed`` maps the
-files back as ``[rows, seq_len]`` arrays without reading them into memory.
+files back as :class:`PackedRows`, ``[rows, seq_len]`` views in the files' own dtypes; ``read``
+turns the rows it is asked for (and only those) into int64 tensors, labels included, so memory
+does not grow with the corpus.
 
     >>> import tempfile
     >>> folder = tempfile.mkdtemp()
     >>> with PackedWriter(folder, seq_len=4) as writer:
     ...     writer.add("web", [5, 6, 0]); writer.add("web", [7, 8, 9, 0])
     >>> rows = load_packed(folder)["web"]
-    >>> rows["input_ids"][0].tolist(), rows["position_ids"][0].tolist(), rows["labels"][0].tolist()
-    ([5, 6, 0, 7], [0, 1, 2, 0], [-100, 6, 0, -100])
+    >>> len(rows), rows.ids.dtype, rows.positions.dtype
+    (1, dtype('uint32'), dtype('uint16'))
+    >>> {k: v.tolist() for k, v in rows.read([0]).items()}
+    {'input_ids': [[5, 6, 0, 7]], 'position_ids': [[0, 1, 2, 0]], 'labels': [[-100, 6, 0, -100]]}
 """
 from __future__ import annotations
 
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -28,6 +34,9 @@ from smolforge.errors import DataError
 from smolforge.runs import write_json_atomic
 
 from .packing import IGNORE_INDEX
+
+if TYPE_CHECKING:
+    import torch
 
 _SAFE = re.compile(r"^[A-Za-z0-9_.-]+$")
 
@@ -75,7 +84,7 @@ class PackedWriter:
             raise ValueError(f"seq_len must be at least 2, got {seq_len}")
         self.folder = Path(folder)
         self.seq_len = seq_len
-        self.pos_dtype = np.uint16 if seq_len <= 65536 else np.uint32
+        self.pos_dtype = position_dtype(seq_len)
         self.domains: dict[str, _Domain] = {}
         self.meta: dict | None = None
 
@@ -104,8 +113,79 @@ def packed_meta(folder: str | Path) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def load_packed(folder: str | Path) -> dict[str, dict[str, np.ndarray]]:
-    """``{domain: {"input_ids", "position_ids", "labels"}}`` as ``[rows, seq_len]`` int64 arrays."""
+def position_dtype(seq_len: int) -> type:
+    """The smallest unsigned dtype that holds every position of a ``seq_len`` row.
+
+    >>> position_dtype(4096).__name__, position_dtype(131072).__name__
+    ('uint16', 'uint32')
+    """
+    return np.uint16 if seq_len <= 65536 else np.uint32
+
+
+class PackedRows:
+    """One domain's packed rows in their compact dtypes (memory-mapped when loaded from disk).
+
+    ``ids`` and ``positions`` are ``[rows, seq_len]`` arrays; labels are derived when rows are read.
+
+        >>> rows = PackedRows.from_rows([{"input_ids": [5, 6, 0, 7], "position_ids": [0, 1, 2, 0]}], seq_len=4)
+        >>> len(rows), rows.seq_len, rows.read([0, 0])["labels"].tolist()
+        (1, 4, [[-100, 6, 0, -100], [-100, 6, 0, -100]])
+    """
+
+    def __init__(self, ids: np.ndarray, positions: np.ndarray) -> None:
+        if ids.ndim != 2 or ids.shape != positions.shape:
+            raise ValueError(f"ids {ids.shape} and positions {positions.shape} must be the same [rows, seq_len]")
+        self.ids, self.positions = ids, positions
+
+    @classmethod
+    def from_rows(cls, rows: list[dict], seq_len: int) -> "PackedRows":
+        """Rows as :func:`~smolforge.data.packing.pack_documents` returns them, stored compactly."""
+        ids = np.array([r["input_ids"] for r in rows], dtype=np.uint32).reshape(len(rows), seq_len)
+        positions = np.array([r["position_ids"] for r in rows], dtype=position_dtype(seq_len))
+        return cls(ids, positions.reshape(len(rows), seq_len))
+
+    def __len__(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def seq_len(self) -> int:
+        return self.ids.shape[1]
+
+    def read(self, indices: Sequence[int]) -> dict[str, "torch.Tensor"]:
+        """``input_ids``, ``position_ids``, ``labels`` of rows ``indices`` as int64 ``[n, seq_len]`` tensors."""
+        import torch
+
+        at = np.asarray(indices, dtype=np.int64)
+        ids = torch.from_numpy(np.asarray(self.ids[at], dtype=np.int64))
+        positions = torch.from_numpy(np.asarray(self.positions[at], dtype=np.int64))
+        return {"input_ids": ids, "position_ids": positions,
+                "labels": ids.masked_fill(positions == 0, IGNORE_INDEX)}
+
+    def __getitem__(self, key: str) -> np.ndarray:
+        """A whole column, for inspection: ids and positions as stored, labels computed in full (int64)."""
+        if key == "input_ids":
+            return self.ids
+        if key == "position_ids":
+            return self.positions
+        if key == "labels":
+            return np.where(self.positions == 0, IGNORE_INDEX, self.ids.astype(np.int64))
+        raise KeyError(key)
+
+
+def _mapped(path: Path, dtype: str, shape: tuple[int, int]) -> np.ndarray:
+    if not shape[0]:
+        return np.zeros(shape, dtype=dtype)  # an empty file cannot be mapped
+    expected = shape[0] * shape[1] * np.dtype(dtype).itemsize
+    size = path.stat().st_size if path.is_file() else None
+    if size != expected:
+        found = "is missing" if size is None else f"holds {size} bytes"
+        raise DataError(f"{path} {found}, meta.json expects {expected} ({shape[0]} rows x seq_len {shape[1]} "
+                        f"x {dtype}); prepare the data run again")
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape)
+
+
+def load_packed(folder: str | Path) -> dict[str, PackedRows]:
+    """``{domain: PackedRows}`` memory-mapped over ``packed/<domain>.{ids,pos}.bin``: nothing is read yet."""
     folder = Path(folder)
     meta = packed_meta(folder)
     if meta is None:
@@ -113,13 +193,6 @@ def load_packed(folder: str | Path) -> dict[str, dict[str, np.ndarray]]:
     out = {}
     for name, stats in meta["domains"].items():
         shape = (stats["rows"], meta["seq_len"])
-        if not stats["rows"]:
-            empty = np.zeros(shape, dtype=np.int64)
-            out[name] = {"input_ids": empty, "position_ids": empty, "labels": empty}
-            continue
-        ids = np.memmap(folder / f"{name}.ids.bin", dtype=meta["ids_dtype"], mode="r", shape=shape)
-        pos = np.memmap(folder / f"{name}.pos.bin", dtype=meta["pos_dtype"], mode="r", shape=shape)
-        input_ids, position_ids = ids.astype(np.int64), pos.astype(np.int64)
-        labels = np.where(position_ids == 0, IGNORE_INDEX, input_ids)
-        out[name] = {"input_ids": input_ids, "position_ids": position_ids, "labels": labels}
+        out[name] = PackedRows(_mapped(folder / f"{name}.ids.bin", meta["ids_dtype"], shape),
+                               _mapped(folder / f"{name}.pos.bin", meta["pos_dtype"], shape))
     return out

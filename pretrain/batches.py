@@ -1,21 +1,27 @@
 """Pretraining rows: documents grouped by domain, tokenized, packed padding-free per domain.
 
 Rows of ``pretrain.jsonl`` may carry a ``domain`` field (default ``"default"``); each domain is
-packed separately so a mixture can weight them. A global batch of ``(domain, row)`` pairs is
-split so every process gets a contiguous slice of each micro-step's rows: 1 process with micro
-batch 8 and 2 processes with micro batch 4 train on exactly the same data.
+packed separately so a mixture can weight them. Rows stay compact (memory-mapped from the data
+run's ``packed/`` when it matches the recipe's ``seq_len``) and each rank reads only its own rows,
+one micro-batch at a time. A global batch of ``(domain, row)`` pairs is split so every process gets
+a contiguous slice of each micro-step's rows: 1 process with micro batch 8 and 2 processes with
+micro batch 4 train on exactly the same data.
 
-    >>> rows = as_tensors({"d": [{"input_ids": [1, 2], "position_ids": [0, 1], "labels": [-100, 2]}] * 4})
+    >>> rows = in_memory({"d": [{"input_ids": [1, 2], "position_ids": [0, 1]}] * 4}, seq_len=2)
     >>> picks = [("d", 0), ("d", 1), ("d", 2), ("d", 3)]
+    >>> rank_picks(picks, micro_batch_size=1, grad_accum=2, rank=1, world=2)
+    [[('d', 1)], [('d', 3)]]
     >>> [tuple(b["input_ids"].shape) for b in micro_batches(rows, picks, micro_batch_size=1, grad_accum=2, rank=1, world=2)]
     [(1, 2), (1, 2)]
 """
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from smolforge.data.packed import PackedRows, load_packed, packed_meta
 from smolforge.data.packing import pack_documents
 from smolforge.data.schemas import load_many
 from smolforge.data.tokenizer import DOC_SEPARATOR
@@ -27,27 +33,24 @@ if TYPE_CHECKING:
 KEYS = ("input_ids", "position_ids", "labels")
 
 
-def load_domains(data_run_path: Path, tokenizer, seq_len: int) -> tuple[dict[str, dict[str, "torch.Tensor"]], str]:
-    """``{domain: {key: LongTensor[rows, seq_len]}}`` from a data run, and how they were obtained.
+def load_domains(data_run_path: Path, tokenizer, seq_len: int) -> tuple[dict[str, PackedRows], str]:
+    """``{domain: PackedRows}`` from a data run, and how they were obtained.
 
-    The data run's ``packed/`` rows are used when they were packed at this ``seq_len``; otherwise
-    its text shards are tokenized and packed here (same rows, just slower to start).
+    The data run's ``packed/`` rows are memory-mapped when they were packed at this ``seq_len``;
+    otherwise its text shards are tokenized and packed here (same rows, kept compactly in memory,
+    just slower to start).
     """
-    import torch
-
-    from smolforge.data.packed import load_packed, packed_meta
-
     meta = packed_meta(data_run_path / "packed")
     if meta is not None and meta["seq_len"] == seq_len:
-        arrays = load_packed(data_run_path / "packed")
-        for domain, rows in arrays.items():
-            if not len(rows["input_ids"]):
+        domains = load_packed(data_run_path / "packed")
+        for domain, rows in domains.items():
+            if not len(rows):
                 raise DataError(f"{data_run_path}: domain '{domain}' holds fewer than seq_len={seq_len} tokens; "
                                 "lower train.seq_len or add documents")
-        return ({d: {k: torch.from_numpy(v) for k, v in rows.items()} for d, rows in arrays.items()},
-                f"packed/ of the data run (seq_len {seq_len})")
+        return domains, f"packed/ of the data run (seq_len {seq_len}, memory-mapped)"
     why = "it has no packed/" if meta is None else f"its packed/ has seq_len {meta['seq_len']}"
-    return as_tensors(pack_shards(data_run_path, tokenizer, seq_len)), f"packed at load ({why}, recipe seq_len {seq_len})"
+    return (in_memory(pack_shards(data_run_path, tokenizer, seq_len), seq_len),
+            f"packed at load ({why}, recipe seq_len {seq_len})")
 
 
 def pack_shards(data_run_path: Path, tokenizer, seq_len: int) -> dict[str, list[dict]]:
@@ -70,21 +73,41 @@ def pack_shards(data_run_path: Path, tokenizer, seq_len: int) -> dict[str, list[
     return packed
 
 
-def as_tensors(domains: dict[str, list[dict]]) -> dict[str, dict[str, "torch.Tensor"]]:
-    """``{domain: {key: LongTensor[rows, seq_len]}}``: batches are then one index-select away."""
-    import torch
-
-    return {d: {k: torch.tensor([r[k] for r in rows], dtype=torch.long) for k in KEYS} for d, rows in domains.items()}
+def in_memory(domains: dict[str, list[dict]], seq_len: int) -> dict[str, PackedRows]:
+    """``{domain: PackedRows}`` over rows packed here, in the compact dtypes of ``packed/`` (labels dropped)."""
+    return {d: PackedRows.from_rows(rows, seq_len) for d, rows in domains.items()}
 
 
-def micro_batches(domains: dict[str, dict], picks: list[tuple[str, int]], micro_batch_size: int,
-                  grad_accum: int, rank: int, world: int) -> list[dict]:
-    """This rank's ``grad_accum`` micro-batches (tensors) from a global batch of (domain, row) picks."""
-    import torch
-
+def rank_picks(picks: list[tuple[str, int]], micro_batch_size: int, grad_accum: int, rank: int,
+               world: int) -> list[list[tuple[str, int]]]:
+    """This rank's share of each of the ``grad_accum`` micro-steps of a global batch of picks."""
     per_micro = micro_batch_size * world
-    out = []
-    for m in range(grad_accum):
-        chunk = picks[m * per_micro:(m + 1) * per_micro][rank * micro_batch_size:(rank + 1) * micro_batch_size]
-        out.append({k: torch.stack([domains[d][k][i] for d, i in chunk]) for k in KEYS})
+    return [picks[m * per_micro:(m + 1) * per_micro][rank * micro_batch_size:(rank + 1) * micro_batch_size]
+            for m in range(grad_accum)]
+
+
+def read_picks(domains: dict[str, PackedRows], picks: list[tuple[str, int]]) -> dict[str, "torch.Tensor"]:
+    """The rows ``picks`` names, in order, as int64 ``[len(picks), seq_len]`` tensors (one read per domain)."""
+    import torch
+
+    slots: dict[str, list[int]] = defaultdict(list)
+    rows: dict[str, list[int]] = defaultdict(list)
+    for slot, (domain, row) in enumerate(picks):
+        slots[domain].append(slot)
+        rows[domain].append(row)
+    seq_len = next(iter(domains.values())).seq_len
+    out = {k: torch.empty((len(picks), seq_len), dtype=torch.long) for k in KEYS}
+    for domain in slots:
+        read = domains[domain].read(rows[domain])
+        at = torch.tensor(slots[domain])
+        for k in KEYS:
+            out[k][at] = read[k]
     return out
+
+
+def micro_batches(domains: dict[str, PackedRows], picks: list[tuple[str, int]], micro_batch_size: int,
+                  grad_accum: int, rank: int, world: int) -> Iterator[dict[str, "torch.Tensor"]]:
+    """This rank's ``grad_accum`` micro-batches (int64 tensors) from a global batch of (domain, row)
+    picks, each read from ``domains`` only when the loop asks for it."""
+    for chunk in rank_picks(picks, micro_batch_size, grad_accum, rank, world):
+        yield read_picks(domains, chunk)

@@ -32,7 +32,10 @@ def distributed():
             port = s.getsockname()[1]
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port))
-    if not torch.cuda.is_available():
+    if torch.cuda.is_available():
+        # Before the group starts: NCCL binds each rank to the current device, which must be its own.
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    else:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
 
@@ -83,6 +86,22 @@ def ds_config(micro_batch_size: int, grad_accum: int, world_size: int, grad_clip
             "steps_per_print": 10**9, "wall_clock_breakdown": False}
 
 
+def comm_device():
+    """Where a collective's tensors must live: this rank's CUDA device under NCCL, else the CPU.
+
+    NCCL refuses CPU tensors; gloo takes CPU tensors (and copies CUDA ones through the host).
+
+    >>> comm_device()
+    device(type='cpu')
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def barrier() -> None:
     import torch.distributed as dist
 
@@ -97,18 +116,17 @@ def broadcast(value):
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     box = [value]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, device=comm_device())
     return box[0]
 
 
 def mean_across_ranks(value: float) -> float:
+    """The mean of ``value`` over the ranks (a float64 all-reduce on :func:`comm_device`)."""
     import torch
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
-    tensor = torch.tensor([value], dtype=torch.float64)
+    tensor = torch.tensor([value], dtype=torch.float64, device=comm_device())
     dist.all_reduce(tensor)
     return float(tensor.item()) / dist.get_world_size()
-
-

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.recipe import build, to_dict
-from smolforge.runs import Run, Runs, atomic_writer
+from smolforge.runs import Run, Runs
 
 from . import checkpoint as ckpt
 from .distributed import barrier, broadcast, distributed, ds_config, mean_across_ranks
@@ -261,7 +261,7 @@ class Loop:
         self.rows_per_step = t.micro_batch_size * t.grad_accum * world
         self.tokens_per_step = self.rows_per_step * t.seq_len
         self.domains = domains
-        sizes = {d: len(rows["input_ids"]) for d, rows in domains.items()}
+        sizes = {d: len(rows) for d, rows in domains.items()}
         self.sampler = MixtureSampler(sizes, phases_of(recipe, sizes),
                                       t.max_steps, self.rows_per_step, seed=t.seed)
         spike = recipe.spike
@@ -421,17 +421,9 @@ class Loop:
         self.guard.load_state_dict(state["guard"])
         step = int(state["step"])
         if self.rank == 0:
-            self.truncate_metrics(step)
+            self.run.truncate_metrics(step)
         self.event(step, "resume", checkpoint=folder.name)
         return step
-
-    def truncate_metrics(self, step: int) -> None:
-        """Drop lines logged after the checkpoint: the resumed run logs those steps again."""
-        path = self.run.metrics_path
-        if path.is_file():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-            with atomic_writer(path) as handle:
-                handle.writelines(line + "\n" for line in kept)
 
     # -- reporting --------------------------------------------------------------------------
     def event(self, step: int, kind: str, **details) -> None:

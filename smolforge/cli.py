@@ -5,9 +5,11 @@
     smolforge pipeline recipes/demo/pipeline.yaml
     smolforge runs --runs-dir runs --json
     smolforge lineage dpo-demo
+    smolforge import ./SmolLM3-3B-Base --name smollm3-base
 
-The spine owns ``pipeline``, ``runs`` and ``lineage``; every other command comes from a
-package's ``commands`` module (:mod:`smolforge.commands`, :data:`smolforge.registry.COMMAND_MODULES`),
+The spine owns ``pipeline``, ``runs``, ``lineage`` and ``import`` (:mod:`smolforge.model_import`);
+every other command comes from a package's ``commands`` module (:mod:`smolforge.commands`,
+:data:`smolforge.registry.COMMAND_MODULES`),
 and a stage's command runs its ``validate`` and ``run``. Only stdlib and pyyaml are imported
 to build the parser; a handler imports torch, TRL or lm-eval when its command runs, so
 ``--help`` answers at once. The global options ``--runs-dir DIR``, ``--debug`` and ``--json``
@@ -34,6 +36,7 @@ from smolforge.errors import RecipeError, SmolforgeError
 __all__ = ["main", "build_parser", "extra_overrides", "split_global_options", "lineage_lines"]
 
 GLOBAL_FLAGS = ("--debug", "--json")
+LOCAL_RANK_FLAGS = ("--local_rank", "--local-rank")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -46,17 +49,22 @@ class _Parser(argparse.ArgumentParser):
 def split_global_options(argv: Sequence[str]) -> tuple[list[str], dict, list[str]]:
     """``(the rest, {runs_dir, debug, json}, what follows '--')``: global options may sit anywhere.
 
+    ``--local_rank N`` (which the ``deepspeed`` launcher appends to every rank's command) is one
+    of them: it is taken out here and becomes ``$LOCAL_RANK`` when the launcher did not set that.
+
     >>> split_global_options(["runs", "--runs-dir", "r", "--json"])
-    (['runs'], {'runs_dir': 'r', 'debug': False, 'json': True}, [])
+    (['runs'], {'runs_dir': 'r', 'debug': False, 'json': True, 'local_rank': None}, [])
     >>> split_global_options(["--debug", "serve", "x", "--runs-dir=r", "--", "--json"])
-    (['serve', 'x'], {'runs_dir': 'r', 'debug': True, 'json': False}, ['--json'])
+    (['serve', 'x'], {'runs_dir': 'r', 'debug': True, 'json': False, 'local_rank': None}, ['--json'])
+    >>> split_global_options(["sft", "--config", "s.yaml", "--local_rank=1"])[:2]
+    (['sft', '--config', 's.yaml'], {'runs_dir': None, 'debug': False, 'json': False, 'local_rank': 1})
     """
     argv = list(argv)
     tail: list[str] = []
     if "--" in argv:
         cut = argv.index("--")
         argv, tail = argv[:cut], argv[cut + 1:]
-    found = {"runs_dir": None, "debug": False, "json": False}
+    found: dict = {"runs_dir": None, "debug": False, "json": False, "local_rank": None}
     rest: list[str] = []
     i = 0
     while i < len(argv):
@@ -70,6 +78,12 @@ def split_global_options(argv: Sequence[str]) -> tuple[list[str], dict, list[str
             i += 1
         elif token.startswith("--runs-dir="):
             found["runs_dir"] = token.split("=", 1)[1]
+        elif token.split("=", 1)[0] in LOCAL_RANK_FLAGS:
+            value = token.split("=", 1)[1] if "=" in token else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 0 if "=" in token else 1
+            if not value.isdigit():
+                raise RecipeError(f"{token.split('=', 1)[0]} needs a process index (--local_rank N), got {value!r}")
+            found["local_rank"] = int(value)
         else:
             rest.append(token)
         i += 1
@@ -82,6 +96,9 @@ def _global_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table "
                         "(pipeline, runs, lineage, data, plan, compare, eval audit)")
+    parser.add_argument("--local_rank", "--local-rank", type=int, metavar="N",
+                        help="this process's index on its node, as the deepspeed launcher passes it "
+                        "(becomes $LOCAL_RANK when unset)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -130,6 +147,25 @@ def build_parser() -> argparse.ArgumentParser:
                        epilog=epilog("smolforge lineage dpo-demo", "smolforge lineage dpo-demo --json"))
     g.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
     g.set_defaults(handler=_cmd_lineage, takes_extras=False)
+
+    m = sub.add_parser(
+        "import", help="register a released Hugging Face model (folder or hub id) as a run",
+        formatter_class=fmt,
+        description="Check a Hugging Face model folder (config.json with a model_type, safetensors weights, "
+        "a tokenizer)\nand register it as a run of stage 'import': model/ gets its files (hardlinked where "
+        "possible),\nrun.json the sha256 of every weight file. A hub id (org/name) is downloaded first "
+        "(needs HF_HUB_OFFLINE=0).",
+        epilog=epilog("smolforge import ./SmolLM3-3B-Base --name smollm3-base",
+                      "HF_HUB_OFFLINE=0 smolforge import HuggingFaceTB/SmolLM3-3B-Base --name smollm3-base",
+                      "smolforge sft --config recipes/demo/sft.yaml --set parent=smollm3-base"),
+    )
+    m.add_argument("source", metavar="PATH_OR_HUB_ID", help="a model folder, or a hub id such as org/name")
+    m.add_argument("--name", required=True, help="name of the run to create")
+    m.add_argument("--trust-remote-code", action="store_true",
+                   help="accept a model that brings its own Python code (auto_map); recorded in run.json")
+    m.add_argument("--revision", metavar="REV", help="hub id only: branch, tag or commit (default: main)")
+    m.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
+    m.set_defaults(handler=_cmd_import, takes_extras=False)
 
     for tool in declared.tools.values():
         add_tool_parser(sub, tool, fmt)
@@ -201,6 +237,19 @@ def _cmd_lineage(args: argparse.Namespace, extras: list[str], ctx: Context) -> i
     return 0
 
 
+def _cmd_import(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from smolforge.model_import import import_model, summary
+
+    run = import_model(ctx.runs, args.source, args.name, revision=args.revision,
+                       trust_remote_code=args.trust_remote_code, overwrite=args.overwrite)
+    if ctx.json:
+        print(json.dumps(run.info, indent=2, default=str))
+    else:
+        print(summary(run))
+        print(f"run {run.name} {run.status} → {run.path}")
+    return 0
+
+
 # --------------------------------------------------------------------------- entry point
 
 
@@ -225,6 +274,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         rest, options, tail = split_global_options(argv)
         debug = options["debug"]
+        if options["local_rank"] is not None:
+            os.environ.setdefault("LOCAL_RANK", str(options["local_rank"]))
         parser = build_parser()
         try:
             args, extras = parser.parse_known_args(rest)

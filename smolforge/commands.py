@@ -181,7 +181,8 @@ def run_stage(args: argparse.Namespace, extras: list[str], ctx: Context, *,
         sets = extra_overrides(extras, top, has_trainer="trainer" in top)
         data = recipes.apply_overrides(data, sets, source="command line")
     recipe = recipes.build_stage_recipe(module, data, source=source)  # over module.defaults()
-    if args.result_json:
+    main = launcher_rank() == 0  # under a launcher every rank runs this; one reports
+    if args.result_json and main:
         write_json_atomic(args.result_json, {"name": getattr(recipe, "name", None), "status": "validating"})
     runs = ctx.runs
     if action is not None:
@@ -189,11 +190,22 @@ def run_stage(args: argparse.Namespace, extras: list[str], ctx: Context, *,
     else:
         module.validate(recipe, runs)
         run = module.run(recipe, runs, overwrite=args.overwrite)
-    if run is not None and args.result_json:
+    if run is not None and args.result_json and main:
         write_json_atomic(args.result_json, {"name": run.name, "path": str(run.path), "status": run.status})
-    if run is not None and print_result:
+    if run is not None and print_result and main:
         report_run(module, run, ctx)
     return run
+
+
+def launcher_rank() -> int:
+    """This process's global rank as a launcher set it (torchrun, deepspeed, accelerate, srun+torchrun); 0 alone.
+
+    >>> launcher_rank() if "RANK" not in __import__("os").environ else 0
+    0
+    """
+    import os
+
+    return int(os.environ.get("RANK", "0") or 0)
 
 
 def report_run(module: Any, run: Any, ctx: Context) -> None:

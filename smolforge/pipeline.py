@@ -15,6 +15,14 @@ A pipeline file::
           - {metric: redteam/jailbreak/attack_success, max: 0.2}
     eval: eval.yaml               # optional: run after every model step (pretrain/sft/dpo/…);
                                   #   a list ([eval.yaml, redteam.yaml]) runs each in turn
+    launch: {processes: 8, launcher: torchrun}   # optional: how every training step starts
+
+Any step may say how it starts (``launch:``, next to ``recipe``/``set``, or a key of an inline
+step): ``processes`` ranks on this machine through ``launcher`` (``torchrun``, ``deepspeed`` or
+``accelerate``, the last with an optional ``config:`` file such as DeepSpeed ZeRO-3 settings,
+relative to the pipeline file); a pipeline-level ``launch:`` applies to every training step
+(data, eval and other steps run as one process unless they say otherwise). The step's run records
+``train/processes`` and ``train/launcher``; see :mod:`smolforge.launchers`.
 
 The eval recipe is run once per model step with ``run`` set to that step's run name and
 ``name`` set to ``eval-<run>`` (or to its own ``name`` with ``{run}`` filled in, e.g.
@@ -57,17 +65,20 @@ import yaml
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
+from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command
 from smolforge.recipe import apply_overrides, load_yaml, set_path
 from smolforge.processes import exit_text, run_showing_output
 from smolforge.registry import EVAL_STAGE, MODEL_STAGES, commands, stages, unknown_stage_message
+
+TRAINING_STAGES = (*MODEL_STAGES, "reward")  # the steps a pipeline-level launch: applies to
 from smolforge.runs import Run, Runs, utc_now, wall_seconds, write_json_atomic
 from smolforge.table import print_table
 
 __all__ = ["Step", "Pipeline", "load_pipeline", "run_pipeline", "summary", "score_columns"]
 
-PIPELINE_KEYS = ("pipeline", "eval")
+PIPELINE_KEYS = ("pipeline", "eval", "launch")
 REPORTED_ERROR = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_.]*(Error|Exception|Interrupt): ")
-STEP_KEYS = ("recipe", "set", "gates")
+STEP_KEYS = ("recipe", "set", "gates", "launch")
 
 
 @dataclasses.dataclass
@@ -80,6 +91,7 @@ class Step:
     source: str
     gates: list[Gate] = dataclasses.field(default_factory=list)  # checked once this step is done
     gates_of: Step | None = None   # the model step whose gates this eval step carries
+    launch: LaunchSpec | None = None  # processes and launcher; None: one process
 
     @property
     def name(self) -> str | None:
@@ -146,7 +158,7 @@ def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
         for key in item:
             if key not in STEP_KEYS:
                 close = difflib.get_close_matches(str(key), STEP_KEYS, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else "a step with 'recipe' takes: recipe, set, gates"
+                hint = f"did you mean '{close[0]}'?" if close else "a step with 'recipe' takes: recipe, set, gates, launch"
                 raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
         path = base / str(item["recipe"])
         recipe = load_yaml(path)
@@ -159,11 +171,14 @@ def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
         else:
             raise RecipeError(f"{where}: 'set' must be a mapping of key.path: value")
         gates = parse_gates(item.get("gates"), f"{where} gates")
-        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path), gates)
+        launch = LaunchSpec.parse(item["launch"], where, base) if "launch" in item else None
+        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path), gates, launch=launch)
     if isinstance(item, dict) and "stage" in item:
         recipe = copy.deepcopy(item)
         gates = parse_gates(recipe.pop("gates", None), f"{where} gates")
-        return Step(f"step {n}", _stage_of(recipe, where), recipe, where, gates)
+        launch = recipe.pop("launch", None)
+        launch = LaunchSpec.parse(launch, where, base) if launch is not None else None
+        return Step(f"step {n}", _stage_of(recipe, where), recipe, where, gates, launch=launch)
     raise RecipeError(
         f"{where} must be a recipe path, {{recipe: PATH, set: {{key: value}}, gates: [...]}} "
         f"or an inline recipe with a 'stage' key; got {item!r}"
@@ -224,6 +239,11 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
     listed = data.get("eval")
     listed = [] if listed is None else listed if isinstance(listed, list) else [listed]
     eval_recipes = [_load_eval(item, base, source) for item in listed]
+    if data.get("launch") is not None:
+        default = LaunchSpec.parse(data["launch"], f"{source}:", base)
+        for step in steps:
+            if step.launch is None and step.stage in TRAINING_STAGES:
+                step.launch = default
 
     present = {s.stage for s in steps} | ({EVAL_STAGE} if eval_recipes else set())
     for stage, override in _split_sets(sets, source):
@@ -279,11 +299,14 @@ def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, deb
     config = tmp / f"{n:02d}-{step.stage}.yaml"
     result = tmp / f"{n:02d}-{step.stage}.result.json"
     config.write_text(yaml.safe_dump(step.recipe, sort_keys=False), encoding="utf-8")
-    cmd = [sys.executable, "-m", "smolforge", "--runs-dir", str(root)]
-    cmd += ["--debug"] if debug else []
-    cmd += [step.stage, "--config", str(config), "--result-json", str(result)]
-    cmd += ["--overwrite"] if overwrite else []
-    code, tail = run_showing_output(cmd, env=_child_env(), stdout_to_stderr=quiet_stdout)
+    args = ["--runs-dir", str(root)] + (["--debug"] if debug else [])
+    args += [step.stage, "--config", str(config), "--result-json", str(result)]
+    args += ["--overwrite"] if overwrite else []
+    env = _child_env()
+    if step.launch is not None:
+        env[LAUNCHER_ENV] = step.launch.launcher
+    cmd = launch_command(step.launch or LaunchSpec(), args)
+    code, tail = run_showing_output(cmd, env=env, stdout_to_stderr=quiet_stdout)
     name = step.name
     try:
         name = json.loads(result.read_text(encoding="utf-8")).get("name") or name

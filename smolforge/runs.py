@@ -328,10 +328,12 @@ class Run:
             fh.write(line + "\n")
             fh.flush()
 
-    def save_model(self, model: Any, tokenizer: Any = None) -> Path:
+    def save_model(self, model: Any, tokenizer: Any = None, state_dict: dict | None = None) -> Path:
         """Save ``model`` (and ``tokenizer``) into ``model/`` atomically; returns ``model_dir``.
 
-        Both are written with ``save_pretrained(dir, safe_serialization=True)`` into
+        ``state_dict`` replaces the model's own tensors (e.g. weights gathered from ZeRO-3
+        partitions, whose module holds empty placeholders). Both are written with
+        ``save_pretrained(dir, safe_serialization=True)`` into
         ``.model.tmp-<pid>`` inside the run, then swapped in: a reader sees the old model or
         the new one, never a half-written folder. Call it on one process only (rank 0).
         """
@@ -340,7 +342,7 @@ class Run:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         try:
-            _save_pretrained(model, tmp)
+            _save_pretrained(model, tmp, state_dict)
             if tokenizer is not None:
                 _save_pretrained(tokenizer, tmp)
             shutil.rmtree(old, ignore_errors=True)
@@ -377,18 +379,39 @@ class Run:
             write_json_atomic(self.json_path, self.info)
 
     def fail(self, error: str) -> None:
-        """Mark the run failed with ``error`` (done for you by :meth:`Runs.start`)."""
-        self.info["status"] = "failed"
-        self.info["error"] = error
-        self.info["ended_at"] = utc_now()
-        self._write()
+        """Mark the run failed with ``error`` (done for you by :meth:`Runs.start`).
+
+        The first failure recorded wins: when several processes of one run fail (rank 1 raises,
+        then rank 0 loses its peer), run.json keeps the error that started it.
+        """
+        with self._locked():
+            try:
+                on_disk = _read_info(self.path)
+            except RunError:
+                on_disk = {}
+            if on_disk.get("status") == "failed" and on_disk.get("error"):
+                self.info = on_disk
+                return
+            self.info["metrics"] = {**(on_disk.get("metrics") or {}), **(self.info.get("metrics") or {})}
+            self.info.update(status="failed", error=error, ended_at=utc_now())
+            write_json_atomic(self.json_path, self.info)
+
+    def truncate_metrics(self, after_step: int) -> None:
+        """Drop metrics.jsonl lines logged after ``after_step``: a run resumed from that step logs them again."""
+        if not self.metrics_path.is_file():
+            return
+        lines = self.metrics_path.read_text(encoding="utf-8").splitlines()
+        kept = [line for line in lines if line and json.loads(line).get("step", 0) <= after_step]
+        with atomic_writer(self.metrics_path) as handle:
+            handle.writelines(line + "\n" for line in kept)
 
     fingerprint = staticmethod(fingerprint)
 
 
-def _save_pretrained(obj: Any, directory: Path) -> None:
+def _save_pretrained(obj: Any, directory: Path, state_dict: dict | None = None) -> None:
+    extra = {} if state_dict is None else {"state_dict": state_dict}
     try:
-        obj.save_pretrained(str(directory), safe_serialization=True)
+        obj.save_pretrained(str(directory), safe_serialization=True, **extra)
     except TypeError as exc:  # objects whose save_pretrained has no such keyword
         if "safe_serialization" not in str(exc):
             raise
@@ -432,16 +455,27 @@ class Runs:
         """
         path = self._resolve(ref)
         if not path.exists():
+            text = str(ref)
             if path.parent != self.root:
-                raise RunError(f"run folder '{path}' not found")
+                hub = (text.count("/") == 1 and not text.startswith(("/", ".", "~"))
+                       and all(part for part in text.split("/")))
+                hint = (f"; if '{text}' is a Hugging Face hub id, register it first with "
+                        f"`smolforge import {text} --name NAME`") if hub else ""
+                raise RunError(f"run folder '{path}' not found{hint}")
+            if (Path(text).expanduser() / "config.json").is_file():  # a model folder in the working dir
+                raise RunError(f"run '{ref}' not found under {self.root}/; './{text}' is a Hugging Face model "
+                               f"folder: register it with `smolforge import ./{text} --name NAME`")
             known = self._known_names()
-            close = difflib.get_close_matches(str(ref), known, n=1)
+            close = difflib.get_close_matches(text, known, n=1)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             shown = ", ".join(known[:20]) + (", ..." if len(known) > 20 else "")
             listing = f"known runs: {shown}" if known else "no runs yet"
             raise RunError(f"run '{ref}' not found under {self.root}/{hint} ({listing})")
         if not path.is_dir():
             raise RunError(f"'{path}' is not a run folder")
+        if not (path / "run.json").exists() and (path / "config.json").is_file():
+            raise RunError(f"'{path}' is a Hugging Face model folder, not a run: register it with "
+                           f"`smolforge import {path} --name NAME`")
         run = Run(path)
         if require_done:
             if run.status == "failed":
@@ -493,6 +527,7 @@ class Runs:
         ``error: "<ExcType>: <message>"`` and the exception propagates; if it returns without
         calling :meth:`Run.finish`, the run is finished for you.
         """
+        from smolforge.launchers import launch_info
         from smolforge.recipe import to_dict  # cheap; avoids a cycle at import time
 
         _check_name(name)
@@ -521,7 +556,7 @@ class Runs:
             "git_commit": git_commit(),
             "started_at": utc_now(),
             "ended_at": None,
-            "metrics": {},
+            "metrics": launch_info(),  # how many processes, started by which launcher (none: {})
             "error": None,
         }
         run = Run(path, info)

@@ -231,18 +231,24 @@ ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("zero_stage", [2, 3])
-def test_two_process_zero_run_matches_one_process(runs, data_run, one_process_run, tmp_path, zero_stage):
+@pytest.mark.parametrize(("zero_stage", "launcher"), [(2, "deepspeed"), (3, "torchrun")])
+def test_two_process_zero_run_matches_one_process(runs, data_run, one_process_run, tmp_path, zero_stage, launcher):
+    """Two ranks under each launcher: the deepspeed launcher appends --local_rank=N to every rank's
+    command line, which the CLI takes; torchrun passes only variables."""
+    from smolforge.launchers import LaunchSpec, launch_command
+
     two = write_recipe(tmp_path / "two.yaml", runs, f"pretrain-2p-z{zero_stage}", data_run.name,
                        train={**ZERO_TRAIN, "zero_stage": zero_stage, "micro_batch_size": 4})
-    launched = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2",
-                               "--master_port", str(free_port()), *two],
-                              capture_output=True, text=True, cwd=REPO, timeout=300)
+    command = launch_command(LaunchSpec(processes=2, launcher=launcher), two[2:])
+    launched = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
     assert launched.returncode == 0, launched.stderr[-3000:]
+    if launcher == "deepspeed":
+        assert "--local_rank=1" in launched.stdout + launched.stderr  # the launcher's log of rank 1's command
     single, double = losses(one_process_run), losses(runs.root / f"pretrain-2p-z{zero_stage}")
     assert list(double) == list(range(1, 7))
     # the stage that ran, not the one asked for: one process has nothing to shard and runs ZeRO-0
-    assert runs.get(f"pretrain-2p-z{zero_stage}").metrics["train/zero_stage"] == zero_stage
+    metrics = runs.get(f"pretrain-2p-z{zero_stage}").metrics
+    assert (metrics["train/zero_stage"], metrics["train/processes"], metrics["train/launcher"]) == (zero_stage, 2, launcher)
     assert runs.get("pretrain-1p").metrics["train/zero_stage"] == 0
     # same global batch each step; only the per-rank loss averaging differs
     np.testing.assert_allclose(list(double.values()), list(single.values()), rtol=1e-3)
