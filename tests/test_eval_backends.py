@@ -9,7 +9,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, needs_vllm
 from smolforge.errors import DataError, RecipeError, ServiceError
 from smolforge.recipe import build_stage_recipe
 from smolforge.registry import load_stage
@@ -20,6 +20,7 @@ def eval_recipe(**changes):
 
 
 @pytest.mark.slow
+@needs_vllm
 def test_hf_and_self_served_endpoint_agree_document_by_document(runs, sft_run):
     stage = load_stage("eval")
     recipe = eval_recipe(run=sft_run.name, limit=8, parity="endpoint")
@@ -39,6 +40,7 @@ def test_hf_and_self_served_endpoint_agree_document_by_document(runs, sft_run):
 
 
 @pytest.mark.slow
+@needs_vllm
 def test_in_process_vllm_matches_hf_through_the_cli(runs, sft_run):
     # its own process: an in-process vLLM engine patches transformers for the rest of the process
     done = subprocess.run([sys.executable, "-m", "smolforge", "--runs-dir", str(runs.root), "eval", sft_run.name,

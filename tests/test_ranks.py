@@ -24,7 +24,9 @@ from smolforge.runs import Runs
 ZERO3 = {"zero_optimization": {"stage": 3, "stage3_gather_16bit_weights_on_model_save": True},
          "gradient_accumulation_steps": "auto", "gradient_clipping": "auto", "train_batch_size": "auto",
          "train_micro_batch_size_per_gpu": "auto", "bf16": {"enabled": False}}
-SMALL = {"max_steps": 4, "per_device_train_batch_size": 4, "logging_steps": 1, "save_steps": 4}
+# CPU ranks over gloo on every machine (a GPU machine too), so 1 and 2 ranks compare in fp32
+SMALL = {"max_steps": 4, "per_device_train_batch_size": 4, "logging_steps": 1, "save_steps": 4,
+         "use_cpu": True, "bf16": False, "gradient_checkpointing": False}
 
 FAILING_REWARD = '''
 import os

@@ -14,6 +14,8 @@ import pytest
 
 from smolforge.processes import free_port
 
+from conftest import needs_vllm  # noqa: E402
+
 pytestmark = pytest.mark.slow  # real servers or whole pipelines: tens of seconds (make test-fast skips them)
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -29,6 +31,7 @@ def get_json(url: str):
         return reply.status, json.loads(reply.read() or b"null")
 
 
+@needs_vllm
 def test_serve_answers_health_models_and_completions_then_stops_on_sigterm(runs, sft_run):
     port = free_port()
     cli = smolforge(runs.root, "serve", sft_run.name, "--port", str(port), "--max-model-len", "128")
@@ -56,6 +59,7 @@ def test_serve_answers_health_models_and_completions_then_stops_on_sigterm(runs,
     assert (sft_run.path / "serve" / "vllm.log").stat().st_size > 0
 
 
+@needs_vllm
 def test_a_model_vllm_cannot_load_fails_clearly_within_the_readiness_timeout(runs, sft_run, tmp_path):
     root = tmp_path / "runs"
     shutil.copytree(sft_run.path, root / "broken", ignore=shutil.ignore_patterns("checkpoints"))

@@ -4,12 +4,12 @@ Runs a real vLLM server (the CPU build, fp32) on the tiny SFT model of the sessi
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 
+from conftest import needs_vllm
 from smolforge.errors import RecipeError, ServiceError
 
 pytestmark = pytest.mark.slow  # real servers or whole pipelines: tens of seconds (make test-fast skips them)
@@ -17,7 +17,6 @@ pytestmark = pytest.mark.slow  # real servers or whole pipelines: tens of second
 PROMPTS = [[{"role": "user", "content": "Add 1 and 2."}], [{"role": "user", "content": "What is 3 plus 4?"}],
            [{"role": "user", "content": "Name the food that Bo eats."}]]
 
-needs_vllm = pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 
 
 def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
