@@ -62,18 +62,28 @@ Choices:
 - What is not here: a reward model's own score whitening, LR annealing, multiple generations per
   prompt, vLLM rollouts with more than one training process (each process then uses HF), and
   in-process (colocated) vLLM. Saving under ZeRO-3
-  gathers the policy's parameters first. A DeepSpeed config must state
-  ``train_micro_batch_size_per_gpu`` (= ``ppo.mini_batch_size``): there is no dataloader for
-  accelerate to infer it from.
+  gathers the policy's parameters first.
+- *Scale*: ``ppo.precision`` (bf16 on a GPU by default), ``ppo.deepspeed`` (a DeepSpeed JSON,
+  used when the launcher gave accelerate none) and ``ppo.gradient_checkpointing`` are what make
+  a 3B policy + value model + reference fit a GPU (:func:`make_accelerator`); ``smolforge plan
+  recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8`` estimates the
+  memory per GPU (docs/planner.md, "PPO"). There is no dataloader for accelerate to infer
+  DeepSpeed's ``train_micro_batch_size_per_gpu`` from: "auto" is filled with
+  ``ppo.mini_batch_size``, and any other value must equal it. Under DeepSpeed the engine clips
+  the global gradient norm of policy and value model together (``gradient_clipping``, "auto" =
+  ``ppo.max_grad_norm``), not each separately. A vLLM rollout server on the trainer's GPU
+  reserves ``ppo.vllm_gpu_memory_utilization`` of it.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import random
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from smolforge.errors import RecipeError
 from smolforge.recipe import to_dict
@@ -84,6 +94,8 @@ from .online import OnlineRecipe, load_prompts, reward_functions
 from .ppo_scoring import score_completions
 
 log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "fp32", "bf16")   # ppo.precision
 
 
 @dataclass
@@ -108,6 +120,11 @@ class PPOSpec:
     max_new_tokens: int = 24          # completion length cap during rollouts
     temperature: float = 1.0          # sampling temperature of rollouts (log-probs use it too)
     seed: int = 0                     # prompt order, sampling, and the held-out split (as GRPO's trainer.seed)
+    precision: str = "auto"           # auto (bf16 on a CUDA GPU, fp32 on CPU), fp32 or bf16 (mixed precision)
+    deepspeed: str | None = None      # DeepSpeed JSON (recipes/smollm3-3b/zero3.json), used when the launcher gave none
+    gradient_checkpointing: bool = False  # recompute the policy's and value model's activations in backward
+    vllm_gpu_memory_utilization: float = 0.3  # share of the card the rollout vLLM server reserves when it shares
+    #                                           the GPU with training (vLLM alone would take 0.9)
 
 
 @dataclass
@@ -147,6 +164,14 @@ def _check_numbers(recipe: Recipe) -> None:
     need(spec.cliprange > 0, f"ppo.cliprange must be > 0, got {spec.cliprange}")
     need(spec.cliprange_value > 0, f"ppo.cliprange_value must be > 0, got {spec.cliprange_value}")
     need(spec.temperature > 0, f"ppo.temperature must be > 0, got {spec.temperature}")
+    need(spec.precision in PRECISIONS, f"ppo.precision must be one of {', '.join(PRECISIONS)}, got {spec.precision!r}")
+    need(isinstance(spec.gradient_checkpointing, bool),
+         f"ppo.gradient_checkpointing must be true or false, got {spec.gradient_checkpointing!r}")
+    need(0 < spec.vllm_gpu_memory_utilization < 1,
+         f"ppo.vllm_gpu_memory_utilization is a share of the GPU, between 0 and 1 (e.g. 0.3), "
+         f"got {spec.vllm_gpu_memory_utilization}")
+    if spec.deepspeed is not None:
+        deepspeed_config(spec)
     need(0 < recipe.heldout_fraction < 1, f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
     need(recipe.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1, got {recipe.eval_max_new_tokens}")
     need(isinstance(recipe.rewards, list) and bool(recipe.rewards),
@@ -156,6 +181,35 @@ def _check_numbers(recipe: Recipe) -> None:
              f"reward_weights must list one weight per reward ({len(recipe.rewards)}), got {recipe.reward_weights!r}")
         need(all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
                  for w in recipe.reward_weights), f"reward_weights must be numbers, got {recipe.reward_weights!r}")
+
+
+def deepspeed_config(spec: PPOSpec) -> dict:
+    """``spec.deepspeed`` read and checked: a JSON object with ``zero_optimization``, whose micro-batch
+    (when not "auto") is ``ppo.mini_batch_size``; a RecipeError naming the file otherwise."""
+    path = Path(spec.deepspeed)
+    if not path.is_file():
+        raise RecipeError(f"ppo.deepspeed: {path} not found (a DeepSpeed JSON such as recipes/smollm3-3b/zero3.json, "
+                          "relative to the working directory)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"ppo.deepspeed: {path} is not JSON ({exc})") from None
+    if not isinstance(config, dict) or not isinstance(config.get("zero_optimization"), dict):
+        raise RecipeError(f"ppo.deepspeed: {path} must be a JSON object with a zero_optimization section")
+    check_micro_batch(config.get("train_micro_batch_size_per_gpu", "auto"), spec, str(path))
+    enabled = (config.get("bf16") or {}).get("enabled", "auto")
+    if isinstance(enabled, bool) and spec.precision != "auto" and enabled != (spec.precision == "bf16"):
+        raise RecipeError(f"ppo.deepspeed: {path} sets bf16.enabled={str(enabled).lower()} but ppo.precision is "
+                          f"{spec.precision}; set bf16.enabled to \"auto\" (it then follows ppo.precision)")
+    return config
+
+
+def check_micro_batch(value, spec: PPOSpec, source: str) -> None:
+    """A DeepSpeed micro-batch must be "auto" (filled with ``ppo.mini_batch_size``) or equal to it."""
+    if value != "auto" and value != spec.mini_batch_size:
+        raise RecipeError(f"{source}: train_micro_batch_size_per_gpu is {value!r} but PPO steps on "
+                          f"ppo.mini_batch_size={spec.mini_batch_size} rollouts; set it to \"auto\" or "
+                          f"{spec.mini_batch_size}")
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
@@ -176,7 +230,6 @@ def validate(recipe: Recipe, runs: Runs) -> None:
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     """Parent model + prompts + rewards → ``ppo.steps`` iterations → ``model/``, held-out reward before/after."""
-    from accelerate import Accelerator
     from accelerate.utils import set_seed
 
     from smolforge.data.jsonl import write_jsonl
@@ -184,7 +237,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from .ppo_models import build_models, gathered_policy
 
     spec = recipe.ppo
-    accelerator = Accelerator()
+    accelerator = make_accelerator(spec)
     main = accelerator.is_main_process
     parent = model_parent(runs, recipe.parent)
     paths, data_run, train, heldout = load_prompts(recipe, runs, spec.seed)
@@ -200,7 +253,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
         log.info("ppo: held-out reward of the parent policy %.3f on %d prompts", before, len(heldout))
         started = time.perf_counter()
-        with _rollouts(backend, parent.model_dir, run, spec.seed) as rollouts:
+        with _rollouts(backend, parent.model_dir, run, spec) as rollouts:
             history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts)
         seconds = time.perf_counter() - started
         after, details_after = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
@@ -266,15 +319,64 @@ def _rollout_backend(recipe: Recipe, model_dir, num_processes: int) -> str:
 
 
 @contextlib.contextmanager
-def _rollouts(backend: str, model_dir, run, seed: int):
+def _rollouts(backend: str, model_dir, run, spec: PPOSpec):
     """A started vLLM server holding the policy for "vllm-server" (stopped on exit), else None (HF generate)."""
     if backend == "hf":
         yield None
         return
+    with server_rollouts(model_dir, run.path / "rl" / "rollouts", spec) as rollouts:
+        yield rollouts
+
+
+def server_rollouts(model_dir, workdir, spec: PPOSpec):
+    """The (not yet started) vLLM server rollouts for ``spec``: its seed and its share of the GPU."""
     from smolforge.generation.rollouts import ServerRollouts
 
-    with ServerRollouts(model_dir, run.path / "rl" / "rollouts", seed=seed) as rollouts:
-        yield rollouts
+    return ServerRollouts(model_dir, workdir, seed=spec.seed, gpu_memory_utilization=spec.vllm_gpu_memory_utilization)
+
+
+def resolved_precision(precision: str, cuda: bool) -> str:
+    """``ppo.precision`` made concrete: "auto" is bf16 on a CUDA GPU and fp32 on CPU.
+
+    >>> resolved_precision("auto", cuda=True), resolved_precision("auto", cuda=False), resolved_precision("bf16", False)
+    ('bf16', 'fp32', 'bf16')
+    """
+    return ("bf16" if cuda else "fp32") if precision == "auto" else precision
+
+
+def make_accelerator(spec: PPOSpec):
+    """accelerate's ``Accelerator`` in ``ppo.precision``, on DeepSpeed with ``ppo.deepspeed`` unless the
+    launcher already gave one (``accelerate launch --config_file``); its "auto" values filled for PPO.
+
+    PPO hands accelerate no dataloader, so accelerate cannot infer DeepSpeed's micro-batch: an
+    "auto" ``train_micro_batch_size_per_gpu`` becomes ``ppo.mini_batch_size`` (accelerate then
+    fills ``train_batch_size`` = micro-batch × accumulation (1) × processes); an "auto"
+    ``gradient_clipping`` becomes ``ppo.max_grad_norm`` (under DeepSpeed the engine clips the
+    global norm of policy and value model together; accelerate's own fallback would be 1.0).
+    ``bf16.enabled: "auto"`` follows the precision; accelerate fills the hidden-size keys from the
+    model's config.
+    """
+    import os
+
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DeepSpeedPlugin
+
+    mixed = "bf16" if resolved_precision(spec.precision, torch.cuda.is_available()) == "bf16" else "no"
+    plugin = None
+    if spec.deepspeed and os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true":
+        log.info("ppo: the launcher's DeepSpeed config is used; ppo.deepspeed (%s) is not", spec.deepspeed)
+    elif spec.deepspeed:
+        plugin = DeepSpeedPlugin(hf_ds_config=deepspeed_config(spec))
+    accelerator = Accelerator(mixed_precision=mixed, deepspeed_plugin=plugin)
+    state_plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if state_plugin is not None:
+        config = state_plugin.deepspeed_config
+        check_micro_batch(config.get("train_micro_batch_size_per_gpu", "auto"), spec, "the DeepSpeed config")
+        config["train_micro_batch_size_per_gpu"] = spec.mini_batch_size
+        if config.get("gradient_clipping", "auto") == "auto":
+            config["gradient_clipping"] = spec.max_grad_norm
+    return accelerator
 
 
 def heldout_reward(models, rows: list[dict], reward_fns: list, max_new_tokens: int) -> tuple[float, list]:

@@ -33,7 +33,10 @@ class ValueModel(nn.Module):
     def __init__(self, backbone: nn.Module) -> None:
         super().__init__()
         self.backbone = backbone
-        self.head = nn.Linear(backbone.config.hidden_size, 1)
+        # the backbone's dtype: bf16 when ZeRO-3 loaded it sharded (zero.Init casts), which DeepSpeed
+        # needs of every parameter it partitions; fp32 otherwise
+        dtype = next(backbone.parameters()).dtype
+        self.head = nn.Linear(backbone.config.hidden_size, 1, dtype=dtype)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
@@ -50,6 +53,10 @@ class PolicyAndValue(nn.Module):
         super().__init__()
         self.policy = policy
         self.value_model = value_model
+
+    @property
+    def config(self):  # accelerate fills DeepSpeed's "auto" bucket sizes from config.hidden_size
+        return self.policy.config
 
     @property
     def is_gradient_checkpointing(self) -> bool:  # read by TRL's unwrap_model_for_generation
@@ -96,18 +103,34 @@ def zero3(accelerator) -> bool:
     return plugin is not None and plugin.zero_stage == 3
 
 
+def bf16(accelerator) -> bool:
+    """Whether this accelerator trains in bf16: DeepSpeed's ``bf16.enabled``, else accelerate's mixed precision."""
+    plugin = getattr(accelerator.state, "deepspeed_plugin", None)
+    if plugin is not None:
+        return str(plugin.deepspeed_config.get("bf16", {}).get("enabled", False)).lower() == "true"
+    return accelerator.mixed_precision == "bf16"
+
+
 def build_models(model_dir, spec: PPOSpec, accelerator=None) -> Models:
-    """Policy, value model and reference from a parent's ``model/``, prepared by accelerate (``spec``: the LRs)."""
+    """Policy, value model and reference from a parent's ``model/``, prepared by accelerate.
+
+    ``spec`` gives the learning rates and ``gradient_checkpointing``. The trained models load in
+    fp32 (their master weights; DeepSpeed's bf16 keeps its own fp32 copy), the frozen reference in
+    bf16 when training is bf16. Under ZeRO-3 (``zero3_init_flag``) each loads already sharded.
+    """
     from accelerate import Accelerator
     from transformers import AutoModel, AutoModelForCausalLM
 
     accelerator = accelerator or Accelerator()
     tokenizer = load_tokenizer(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir)
-    value_model = ValueModel(AutoModel.from_pretrained(model_dir))
-    ref = AutoModelForCausalLM.from_pretrained(model_dir)
+    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    value_model = ValueModel(AutoModel.from_pretrained(model_dir, dtype=torch.float32))
+    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16(accelerator) else torch.float32)
     for module in (policy, value_model, ref):
         no_dropout(module)
+    if spec.gradient_checkpointing:  # training forwards already pass use_cache=False
+        for backbone in (policy, value_model.backbone):
+            backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref.requires_grad_(False)
     ref.eval()
     model = PolicyAndValue(policy, value_model)

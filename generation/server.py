@@ -18,8 +18,9 @@ without CUDA the CPU build's settings are filled in where the environment leaves
 1 GiB KV cache (the default asks for 92 % of RAM), OpenMP threads on every core, fp32 and eager
 mode. On a GPU, ``gpu_memory_utilization`` is the share of the card vLLM may reserve (weights, KV
 cache, activations; vLLM's default is 0.9, which leaves nothing for a trainer on the same GPU);
-the CPU build ignores it (its KV cache is ``VLLM_CPU_KVCACHE_SPACE``). ``dev_mode`` turns on vLLM's development endpoints (``/collective_rpc``,
-``/reset_prefix_cache``), which the RL rollouts use to reload the policy's weights in place.
+the CPU build ignores it (its KV cache is ``VLLM_CPU_KVCACHE_SPACE``). ``dev_mode`` turns on
+vLLM's development endpoints (``/collective_rpc``, ``/reset_prefix_cache``), which the RL
+rollouts use to reload the policy's weights in place.
 
 Which process runs what (vLLM 0.32):
 

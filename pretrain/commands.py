@@ -14,7 +14,8 @@ from smolforge.commands import Commands, Context
 
 
 def _plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", metavar="RECIPE", help="pretrain recipe YAML (stage: pretrain)")
+    p.add_argument("recipe", metavar="RECIPE", help="pretrain recipe YAML (stage: pretrain), or a PPO recipe "
+                   "(stage: ppo): its memory per GPU")
     p.add_argument("--tokens", metavar="N", help="training tokens (default: 20 × parameters)")
     p.add_argument("--gpu", default="h100", metavar="NAME",
                    help="device: h100, h200, a100, a100-40g, l40s, a10g or cpu (measured); default h100")
@@ -26,18 +27,26 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", metavar="L", help="tokens per sequence (default: train.seq_len)")
     p.add_argument("--vocab", default="128256", metavar="N",
                    help="vocabulary size (default 128256: Llama-3's tokenizer, as SmolLM3)")
+    p.add_argument("--model", metavar="PATH", help="PPO recipes: the model's shape, from a pretrain recipe or "
+                   "a HF config.json / model folder (default: the parent run's model/config.json)")
+    p.add_argument("--prompt-len", metavar="L", help="PPO recipes: prompt tokens before the completion "
+                   "(default 512)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a recipe key, e.g. model.num_kv_heads=16 (repeatable)")
 
 
 def _plan(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
     from .planner import plan_file, print_plan, warn
+    from .planner_report import print_ppo_plan
 
     plan = plan_file(args.recipe, args.set, tokens=args.tokens, gpu=args.gpu, gpus=args.gpus, days=args.days,
-                     mfu=args.mfu, price=args.price, seq_len=args.seq_len, vocab=args.vocab)
+                     mfu=args.mfu, price=args.price, seq_len=args.seq_len, vocab=args.vocab, model=args.model,
+                     prompt_len=args.prompt_len, runs_dir=ctx.root)
     if ctx.json:
         warn(plan)
         print(json.dumps(plan, indent=2))
+    elif plan.get("stage") == "ppo":
+        print_ppo_plan(plan)
     else:
         print_plan(plan)
     return 0
@@ -46,12 +55,14 @@ def _plan(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
 def register(cli: Commands) -> None:
     cli.stage("pretrain", example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine")
     cli.tool(
-        "plan", help="plan a pretraining run: FLOPs, GPUs, days, cost, memory", handler=_plan,
+        "plan", help="plan a pretraining run (FLOPs, GPUs, days, cost, memory) or a PPO run's memory", handler=_plan,
         arguments=_plan_arguments,
         description="Plan a pretraining run from a pretrain recipe: parameters (counted on the meta device),\n"
         "training FLOPs (6·N·D + attention), GPU-hours, GPUs for --days or days on --gpus at an MFU,\nthe MFU "
-        "that --gpus and --days require, cost, memory per GPU for ZeRO 0-3 and the KV cache.\nNumbers take "
-        "k/M/B/T suffixes (11T = 11e12). See docs/planner.md.",
+        "that --gpus and --days require, cost, memory per GPU for ZeRO 0-3 and the KV cache.\nA PPO recipe "
+        "gets its memory per GPU on --gpus (policy + value model, reference, activations,\nrollout), the model's "
+        "shape from --model. Numbers take k/M/B/T suffixes (11T = 11e12).\nSee docs/planner.md.",
         examples=["smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11e12 --gpus 384 --days 24",
                   "smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11T --mfu 0.3 --days 24 --price 2.5 "
-                  "--json"])
+                  "--json",
+                  "smolforge plan recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8"])

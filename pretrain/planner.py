@@ -2,6 +2,7 @@
 
     smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11e12 --gpus 384 --days 24
     smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11T --mfu 0.3 --days 24 --price 2.5 --json
+    smolforge plan recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8 --gpu h100
 
 Reads a pretrain recipe (``stage: pretrain``), counts the model's parameters on the meta device
 and works in two directions:
@@ -18,14 +19,21 @@ parameter; fp32 recipes: 4 + 4 + 8), sharded over the data-parallel GPUs, plus t
 of one micro-batch with and without activation checkpointing. Formulas and sources:
 docs/planner.md and :mod:`smolforge.pretrain.flops`.
 
+A PPO recipe (``stage: ppo``, read as plain YAML: pretrain does not import alignment) gets a
+memory plan instead (:func:`make_ppo_plan`): policy + value model states per ZeRO stage of its
+``ppo.deepspeed`` JSON, the frozen reference, one mini-batch's activations and the rollout's KV
+cache; the model's shape from ``--model`` or the recipe's parent run.
+
 This module reads the inputs and makes the plan; the parts live beside it, and every name below is
 importable from here:
 
-- :mod:`~smolforge.pretrain.planner_memory`: bytes per parameter, activations, memory per ZeRO stage;
-- :mod:`~smolforge.pretrain.planner_report`: the plan as tables, its warnings.
+- :mod:`~smolforge.pretrain.planner_memory`: bytes per parameter, activations, memory per ZeRO stage,
+  PPO's memory by part;
+- :mod:`~smolforge.pretrain.planner_report`: the plans as tables, their warnings.
 """
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
@@ -38,12 +46,14 @@ from .flops import (DEVICES, attention_flops_per_token, device_key, embedding_pa
                     flops_per_token, host_memory_bytes, kv_cache_bytes_per_token,
                     measure_cpu_peak_flops, unknown_device_message)
 from .model import ModelShape
-from .planner_memory import BYTES_PER_PARAM, activation_bytes, memory_per_gpu
+from .planner_memory import (BYTES_PER_PARAM, MEMORY_HEADROOM, activation_bytes, memory_per_gpu, ppo_memory,
+                             ppo_state_bytes_per_param)
 from .planner_report import print_plan, warn
 
 __all__ = [
     "DEFAULT_MFU", "MFU_WARNING", "DEFAULT_VOCAB", "load_pretrain_recipe", "parse_count",
     "activation_bytes", "memory_per_gpu", "make_plan", "plan_file", "print_plan", "warn",
+    "DEFAULT_PROMPT_LEN", "PPO_DEFAULTS", "make_ppo_plan", "ppo_memory",
 ]
 
 DEFAULT_MFU = 0.30              # SmolLM3's run implies ≈26–31 % (≈14k tokens/s per H100)
@@ -65,7 +75,8 @@ def load_pretrain_recipe(path: str | Path, sets: list[str] | tuple[str, ...] = (
     stage, data = load_recipe(path, sets)
     if stage != "pretrain":
         raise RecipeError(f"{path}: recipe is for stage '{stage}'; smolforge plan needs a "
-                          "pretrain recipe (stage: pretrain), e.g. recipes/smollm3-3b/pretrain.yaml")
+                          "pretrain recipe (stage: pretrain), e.g. recipes/smollm3-3b/pretrain.yaml, "
+                          "or a PPO recipe (stage: ppo) with --model")
     return build_stage_recipe(load_stage("pretrain"), data, source=str(path))
 
 
@@ -275,8 +286,11 @@ def _warnings(plan: dict[str, Any], given: _Given, max_position_embeddings: int)
     return warnings
 
 
-def plan_file(path: str | Path, sets: list[str] | tuple[str, ...] = (), **options: Any) -> dict:
-    """:func:`make_plan` for the pretrain recipe at ``path`` (``sets``: ``key=value`` overrides).
+def plan_file(path: str | Path, sets: list[str] | tuple[str, ...] = (), *, runs_dir: str | Path | None = None,
+              **options: Any) -> dict:
+    """:func:`make_plan` for the pretrain recipe at ``path`` (``sets``: ``key=value`` overrides), or
+    :func:`make_ppo_plan` for a PPO recipe (``runs_dir``: where its parent run is); an option of
+    the other kind (not None) is a RecipeError.
 
     Checks the cheap things first (device, numbers) so a typo fails before transformers loads.
 
@@ -287,5 +301,185 @@ def plan_file(path: str | Path, sets: list[str] | tuple[str, ...] = (), **option
     """
     if device_key(options.get("gpu", "h100")) is None:
         raise RecipeError(unknown_device_message(options.get("gpu")))
-    recipe = load_pretrain_recipe(path, sets)
-    return make_plan(recipe, source=str(path), **options)
+    from smolforge.recipe import load_recipe
+
+    stage, data = load_recipe(path, sets)
+    ppo = stage == "ppo"
+    for key in _PRETRAIN_ONLY if ppo else _PPO_ONLY:
+        if options.get(key) is not None:
+            raise RecipeError(f"--{key.replace('_', '-')} is for {'pretrain' if ppo else 'PPO'} recipes; "
+                              f"{path} is a {stage} recipe")
+    options = {k: v for k, v in options.items() if k not in (_PRETRAIN_ONLY if ppo else _PPO_ONLY)}
+    if ppo:
+        return make_ppo_plan(data, source=str(path), runs_dir=runs_dir, **options)
+    return make_plan(load_pretrain_recipe(path, sets), source=str(path), **options)
+
+
+# --------------------------------------------------------------------------- PPO
+
+DEFAULT_PROMPT_LEN = 512        # --prompt-len: prompt tokens before the completion
+# alignment.ppo.PPOSpec's defaults for the keys the estimate reads (pretrain cannot import
+# alignment; tests/test_planner.py checks that they agree)
+PPO_DEFAULTS = {"batch_size": 64, "mini_batch_size": 16, "max_new_tokens": 24, "precision": "auto",
+                "deepspeed": None, "gradient_checkpointing": False, "vllm_gpu_memory_utilization": 0.3}
+_PRETRAIN_ONLY = ("tokens", "days", "mfu", "price", "seq_len")
+_PPO_ONLY = ("model", "prompt_len")
+
+
+def make_ppo_plan(data: dict, *, source: str = "recipe", model: str | Path | None = None,
+                  runs_dir: str | Path | None = None, gpu: str = "h100", gpus: Any = None,
+                  prompt_len: Any = None, vocab: Any = DEFAULT_VOCAB) -> dict:
+    """Memory per GPU of a PPO recipe (``data``: its keys as read from YAML) on ``gpus`` GPUs.
+
+    The model's shape comes from ``model`` (a pretrain recipe, a HF ``config.json`` or a model
+    folder), else from the recipe's parent run's ``model/config.json`` under ``runs_dir``.
+    Formulas: :func:`~smolforge.pretrain.planner_memory.ppo_memory`, docs/planner.md ("PPO").
+    """
+    plan: dict[str, Any] = {"recipe": source, "stage": "ppo", "name": data.get("name"), **_device(gpu)}
+    spec = data.get("ppo") or {}
+    if not isinstance(spec, dict):
+        raise RecipeError(f"{source}: ppo: must be a mapping of PPO settings, got {spec!r}")
+    spec = {**PPO_DEFAULTS, **spec}
+    counts = {key: int(parse_count(spec[key], f"ppo.{key}")) for key in ("batch_size", "mini_batch_size",
+                                                                          "max_new_tokens")}
+    gpus_n = _whole(gpus if gpus is not None else 1, "--gpus")
+    prompt = _whole(prompt_len if prompt_len is not None else DEFAULT_PROMPT_LEN, "--prompt-len")
+    deepspeed_path, zero_stage, ds_bf16 = _deepspeed_file(spec["deepspeed"], source)
+    precision = _ppo_precision(spec["precision"], ds_bf16, plan["gpu"])
+    checkpointing = spec["gradient_checkpointing"]
+    if not isinstance(checkpointing, bool):
+        raise RecipeError(f"ppo.gradient_checkpointing must be true or false, got {checkpointing!r}")
+    shape, vocab_n, params, model_source = _ppo_model(model, data, runs_dir, vocab)
+    value_params = params - (0 if shape.tie_word_embeddings else vocab_n * shape.hidden_size) + shape.hidden_size + 1
+    vllm = gpus_n == 1 and data.get("generation", "auto") != "hf" and plan["gpu"] != "cpu"
+    share = float(spec["vllm_gpu_memory_utilization"]) if vllm else None
+    plan.update({
+        "model_source": model_source, "vocab_size": vocab_n, "policy_params": params, "value_params": value_params,
+        "reference_params": params, "precision": precision, "precision_source": f"ppo.precision {spec['precision']}",
+        "deepspeed": deepspeed_path, "zero_stage": zero_stage, "data_parallel_gpus": gpus_n,
+        "gradient_checkpointing": checkpointing, "prompt_len": prompt, "max_new_tokens": counts["max_new_tokens"],
+        "seq_len": prompt + counts["max_new_tokens"], "batch_size": counts["batch_size"],
+        "mini_batch_size": counts["mini_batch_size"], "rollouts": "vllm-server" if vllm else "hf",
+        "vllm_gpu_memory_utilization": share,
+        "bytes_per_param": dict(zip(("weights", "grads", "optimizer"),
+                                    ppo_state_bytes_per_param(precision, deepspeed_path is not None))),
+        "kv_cache_bytes_per_token": kv_cache_bytes_per_token(shape, 2 if precision == "bf16" else 4),
+    })
+    plan["memory_per_gpu_bytes"] = ppo_memory(
+        shape, vocab_n, policy_params=params, value_params=value_params, reference_params=params,
+        precision=precision, deepspeed=deepspeed_path is not None, zero_stage=zero_stage, dp_gpus=gpus_n,
+        prompt_len=prompt, response_len=counts["max_new_tokens"], mini_batch_size=counts["mini_batch_size"],
+        batch_size=counts["batch_size"], gradient_checkpointing=checkpointing, vllm_share=share,
+        gpu_memory_bytes=plan["gpu_memory_bytes"])
+    plan["warnings"] = _ppo_warnings(plan)
+    return plan
+
+
+def _whole(value: Any, what: str) -> int:
+    number = parse_count(value, what)
+    if not float(number).is_integer():
+        raise RecipeError(f"{what} must be a whole number, got {value!r}")
+    return int(number)
+
+
+def _deepspeed_file(path: Any, source: str) -> tuple[str | None, int, bool | None]:
+    """``ppo.deepspeed``: (its path, ZeRO stage, bf16.enabled when stated), (None, 0, None) without one.
+
+    A relative path is read from the working directory (the repo root, as the recipes write
+    it), else from the recipe file's folder or one above it.
+    """
+    if path is None:
+        return None, 0, None
+    found = _find_file(str(path), source)
+    try:
+        config = json.loads(found.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RecipeError(f"ppo.deepspeed: {path} is not JSON ({exc})") from None
+    zero = config.get("zero_optimization") if isinstance(config, dict) else None
+    stage = zero.get("stage", 0) if isinstance(zero, dict) else None
+    if stage not in (0, 1, 2, 3):
+        raise RecipeError(f"ppo.deepspeed: {path} must set zero_optimization.stage to 0-3, got {stage!r}")
+    enabled = (config.get("bf16") or {}).get("enabled")
+    return str(path), stage, enabled if isinstance(enabled, bool) else None
+
+
+def _find_file(path: str, source: str) -> Path:
+    candidates = [Path(path)]
+    if not Path(path).is_absolute():
+        candidates += [folder / path for folder in Path(source).resolve().parents]
+    for candidate in candidates:
+        if candidate.is_file():
+            return candidate
+    raise RecipeError(f"ppo.deepspeed: {path} not found (relative to the working directory, "
+                      "e.g. recipes/smollm3-3b/zero3.json from the repo root)")
+
+
+def _ppo_precision(precision: Any, ds_bf16: bool | None, gpu: str) -> str:
+    """fp32 or bf16: ``ppo.precision``; "auto" is bf16 on a GPU, fp32 on cpu, or what DeepSpeed's JSON states."""
+    if precision not in ("auto", "fp32", "bf16"):
+        raise RecipeError(f"ppo.precision must be one of auto, fp32, bf16, got {precision!r}")
+    if precision != "auto":
+        return precision
+    if ds_bf16 is not None:
+        return "bf16" if ds_bf16 else "fp32"
+    return "fp32" if gpu == "cpu" else "bf16"
+
+
+def _ppo_model(model: str | Path | None, data: dict, runs_dir: str | Path | None,
+               vocab: Any) -> tuple[ModelShape, int, int, str]:
+    """(shape, vocabulary, parameters, where from) of the PPO recipe's model."""
+    if model is None:
+        parent = data.get("parent")
+        from smolforge.runs import runs_root
+
+        root = Path(runs_dir) if runs_dir is not None else runs_root()
+        for folder in ([root / str(parent), Path(str(parent))] if parent else []):
+            if (folder / "model" / "config.json").is_file():
+                return _hf_model(folder / "model" / "config.json")
+        raise RecipeError(f"the PPO recipe's model shape is unknown: its parent run '{parent}' has no "
+                          f"model/config.json under {root}/; pass --model (a pretrain recipe such as "
+                          "recipes/smollm3-3b/pretrain.yaml, or a HF config.json or model folder)")
+    path = Path(model)
+    if path.is_dir() or path.name.endswith(".json"):
+        return _hf_model(path / "config.json" if path.is_dir() else path)
+    recipe = load_pretrain_recipe(path)
+    vocab_n = int(parse_count(vocab, "--vocab"))
+    return recipe.model, vocab_n, _count_parameters(recipe.model, vocab_n), f"{path} (model:, vocab {vocab_n})"
+
+
+def _hf_model(config_path: Path) -> tuple[ModelShape, int, int, str]:
+    """Shape, vocabulary and parameters (counted on the meta device) of a HF ``config.json``."""
+    if not config_path.is_file():
+        raise RecipeError(f"--model: {config_path} not found (a pretrain recipe, a HF config.json or model folder)")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        config = AutoConfig.from_pretrained(str(config_path))
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"--model: {config_path} is not a HF model config ({exc})") from None
+    text = getattr(config, "get_text_config", lambda: config)()
+    heads = text.num_attention_heads
+    shape = ModelShape(hidden_size=text.hidden_size, intermediate_size=text.intermediate_size,
+                       num_layers=text.num_hidden_layers, num_heads=heads,
+                       num_kv_heads=getattr(text, "num_key_value_heads", None) or heads,
+                       max_position_embeddings=getattr(text, "max_position_embeddings", 2048),
+                       tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+                       extra={"head_dim": getattr(text, "head_dim", None) or text.hidden_size // heads})
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    return shape, int(text.vocab_size), params, str(config_path)
+
+
+def _ppo_warnings(plan: dict[str, Any]) -> list[str]:
+    m, mem = plan["memory_per_gpu_bytes"], plan["gpu_memory_bytes"]
+    warnings = []
+    if m["fits"] is False:
+        warnings.append(f"PPO peaks at {m['peak'] / 1e9:.1f} GB per GPU, more than {MEMORY_HEADROOM:.0%} of the "
+                        f"{plan['gpu']}'s {mem / 1e9:.0f} GB: use ppo.deepspeed (ZeRO-3, e.g. "
+                        "recipes/smollm3-3b/zero3.json) over more GPUs, ppo.precision bf16, "
+                        "ppo.gradient_checkpointing, or smaller ppo.mini_batch_size / ppo.batch_size")
+    if plan["precision"] == "fp32" and plan["gpu"] != "cpu":
+        warnings.append(f"ppo.precision fp32 on {plan['gpu']}: bf16 halves the reference, the KV cache and the "
+                        "activations, and runs on its tensor cores")
+    return warnings

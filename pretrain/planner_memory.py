@@ -1,4 +1,5 @@
-"""Memory per GPU of a pretraining run: model states per ZeRO stage and one micro-batch's activations.
+"""Memory per GPU of a pretraining run (model states per ZeRO stage, one micro-batch's activations)
+and of a PPO run (:func:`ppo_memory`: policy + value model + reference, train and rollout phases).
 
 Mixed precision keeps bf16 weights and grads plus fp32 master weights and Adam m and v: 2 + 2 + 12
 bytes per parameter (fp32 recipes: 4 + 4 + 8). ZeRO stage 1 shards the optimizer states over the
@@ -10,9 +11,11 @@ docs/planner.md.
 """
 from __future__ import annotations
 
+from .flops import kv_cache_bytes_per_token
 from .model import ModelShape
 
-__all__ = ["BYTES_PER_PARAM", "MEMORY_HEADROOM", "activation_bytes", "memory_per_gpu"]
+__all__ = ["BYTES_PER_PARAM", "MEMORY_HEADROOM", "activation_bytes", "memory_per_gpu", "ppo_state_bytes_per_param",
+           "ppo_memory"]
 
 MEMORY_HEADROOM = 0.90          # "fits" = total <= 90 % of device memory (the playbook's alert line)
 # bytes per parameter: (weights, grads, optimizer states)
@@ -91,4 +94,78 @@ def memory_per_gpu(params: int, activations: dict, dp_gpus: int, precision: str 
         else:
             row["fits"] = row["fits_checkpointed"] = None
         out[str(stage)] = row
+    return out
+
+
+def ppo_state_bytes_per_param(precision: str, deepspeed: bool) -> tuple[int, int, int]:
+    """(weights, grads, optimizer) bytes per trained parameter of smolforge's PPO.
+
+    DeepSpeed's bf16 keeps bf16 weights and grads beside fp32 master weights and Adam m, v
+    (2 + 2 + 12); accelerate's bf16 without DeepSpeed is autocast, which keeps fp32 weights and
+    grads (4 + 4 + 8), as does fp32.
+
+    >>> ppo_state_bytes_per_param("bf16", deepspeed=True), ppo_state_bytes_per_param("bf16", deepspeed=False)
+    ((2, 2, 12), (4, 4, 8))
+    """
+    return BYTES_PER_PARAM["bf16"] if precision == "bf16" and deepspeed else BYTES_PER_PARAM["fp32"]
+
+
+def ppo_memory(shape: ModelShape, vocab_size: int, *, policy_params: int, value_params: int,
+               reference_params: int, precision: str, deepspeed: bool, zero_stage: int, dp_gpus: int,
+               prompt_len: int, response_len: int, mini_batch_size: int, batch_size: int,
+               gradient_checkpointing: bool, vllm_share: float | None = None,
+               gpu_memory_bytes: int | None = None) -> dict:
+    """Bytes per GPU of smolforge's PPO (policy + value model trained, frozen reference), by part.
+
+    * model states: policy + value model at :func:`ppo_state_bytes_per_param`, ZeRO stage 1
+      sharding the optimizer over ``dp_gpus``, 2 also the grads, 3 also the weights;
+    * reference: 2 bytes/param in bf16, 4 in fp32; sharded only under ZeRO-3;
+    * train activations of one mini-batch of ``prompt_len + response_len`` tokens
+      (:func:`activation_bytes`, full or checkpointed) in each trunk, plus the policy's fp32 logits
+      for the ``response_len + 1`` positions it keeps (``logits_to_keep``); the value model has none;
+    * rollout: the KV cache of ``batch_size`` sequences (HF generate, 2 or 4 bytes per element),
+      plus under ZeRO-3 the full weights of the prepared module (policy and value model: TRL's
+      ``unwrap_model_for_generation`` gathers all of it). With a vLLM server instead
+      (``vllm_share``: one process on the GPU), the KV cache lives in the server's reservation,
+      ``vllm_share`` × device memory, held all along; the trainer then clones the policy's
+      weights for each sync;
+    * peak = states + reference + server + max(train activations, rollout); fits when ≤ 90 %.
+
+    >>> from smolforge.pretrain.model import ModelShape
+    >>> m = ppo_memory(ModelShape(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1), 100,
+    ...                policy_params=1000, value_params=900, reference_params=1000, precision="bf16",
+    ...                deepspeed=True, zero_stage=3, dp_gpus=4, prompt_len=6, response_len=2,
+    ...                mini_batch_size=1, batch_size=2, gradient_checkpointing=True)
+    >>> m["states"], m["reference"], m["kv_cache"], m["gathered_weights"]
+    (7600, 500, 4096, 3800)
+    """
+    bf16 = precision == "bf16"
+    trained = policy_params + value_params
+    w, g, o = ppo_state_bytes_per_param(precision, deepspeed)
+    out: dict = {
+        "weights": w * trained / (dp_gpus if zero_stage >= 3 else 1),
+        "grads": g * trained / (dp_gpus if zero_stage >= 2 else 1),
+        "optimizer": o * trained / (dp_gpus if zero_stage >= 1 else 1),
+        "reference": (2 if bf16 else 4) * reference_params / (dp_gpus if zero_stage >= 3 else 1),
+    }
+    seq_len = prompt_len + response_len
+    act = activation_bytes(shape, vocab_size, seq_len, mini_batch_size, precision)
+    trunk = act["checkpointed" if gradient_checkpointing else "full"] - act["logits"]
+    out["activations_policy"] = trunk + 4 * mini_batch_size * (response_len + 1) * vocab_size
+    out["activations_value"] = trunk
+    out["train_activations"] = out["activations_policy"] + out["activations_value"]
+    element = 2 if bf16 else 4
+    out["gathered_weights"] = element * trained if zero_stage >= 3 else 0
+    if vllm_share and gpu_memory_bytes:
+        out["kv_cache"], out["sync_copy"] = 0, w * policy_params
+        out["vllm_server"] = vllm_share * gpu_memory_bytes
+    else:
+        out["kv_cache"] = batch_size * seq_len * kv_cache_bytes_per_token(shape, element)
+        out["sync_copy"] = out["vllm_server"] = 0
+    out["rollout"] = out["kv_cache"] + out["gathered_weights"] + out["sync_copy"]
+    out = {k: int(round(v)) for k, v in out.items()}
+    out["states"] = out["weights"] + out["grads"] + out["optimizer"]
+    out["resident"] = out["states"] + out["reference"]
+    out["peak"] = out["resident"] + out["vllm_server"] + max(out["train_activations"], out["rollout"])
+    out["fits"] = out["peak"] <= MEMORY_HEADROOM * gpu_memory_bytes if gpu_memory_bytes else None
     return out

@@ -1,6 +1,7 @@
 """A plan (what :func:`~smolforge.pretrain.planner.make_plan` returns) as two tables and warnings.
 
     print_plan(plan)       # smolforge plan: summary table, memory per ZeRO stage; warnings on stderr
+    print_ppo_plan(plan)   # smolforge plan on a PPO recipe: its settings, memory per GPU by part
     warn(plan)             # smolforge plan --json: only the warnings, on stderr
 
     >>> warn({"warnings": ["this plan assumes an MFU of 70% (> 60%)"]}, file=sys.stdout)
@@ -13,7 +14,7 @@ from typing import Any, TextIO
 
 from .planner_memory import MEMORY_HEADROOM
 
-__all__ = ["summary_rows", "memory_rows", "print_plan", "warn"]
+__all__ = ["summary_rows", "memory_rows", "print_plan", "warn", "ppo_rows", "print_ppo_plan"]
 
 
 def _si(x: float | None, unit: str = "") -> str:
@@ -112,3 +113,74 @@ def warn(plan: dict, file: TextIO | None = None) -> None:
     """Each of the plan's warnings on a ``warning:`` line (stderr unless ``file``)."""
     for line in plan.get("warnings", []):
         print(f"warning: {line}", file=file or sys.stderr)
+
+
+def _gb(x: float) -> str:
+    return f"{x / 1e9:.2f}"
+
+
+def ppo_rows(plan: dict) -> list[list[str]]:
+    """The (part, GB, how) rows of a PPO plan's memory table."""
+    p, m = plan, plan["memory_per_gpu_bytes"]
+    g = p["data_parallel_gpus"]
+    zero = p["zero_stage"]
+    b = p["bytes_per_param"]
+    trained = f"{_si(p['policy_params'] + p['value_params'])} policy + value params"
+    ckpt = "checkpointed" if p["gradient_checkpointing"] else "not checkpointed"
+
+    def shard(stage: int) -> str:
+        return f" / {g} GPUs (ZeRO-{zero})" if zero >= stage and g > 1 else ""
+
+    rows = [
+        ["weights", _gb(m["weights"]), f"{trained} × {b['weights']} B{shard(3)}"],
+        ["grads", _gb(m["grads"]), f"× {b['grads']} B{shard(2)}"],
+        ["optimizer", _gb(m["optimizer"]),
+         f"× {b['optimizer']} B (Adam m, v{' + fp32 master' if b['optimizer'] == 12 else ''}){shard(1)}"],
+        ["reference", _gb(m["reference"]), f"{_si(p['reference_params'])} frozen × "
+         f"{2 if p['precision'] == 'bf16' else 4} B{shard(3)}"],
+        ["resident (states + reference)", _gb(m["resident"]), "held all the time"],
+        ["train activations", _gb(m["train_activations"]),
+         f"mini-batch {p['mini_batch_size']} × {p['seq_len']} tokens, {ckpt}: policy {_gb(m['activations_policy'])}"
+         f" (logits of {p['max_new_tokens'] + 1} positions) + value {_gb(m['activations_value'])}"],
+        ["rollout", _gb(m["rollout"]),
+         (f"KV cache {p['batch_size']} × {p['seq_len']} tokens × {p['kv_cache_bytes_per_token']} B"
+          if p["rollouts"] == "hf" else f"weights sync copy {_gb(m['sync_copy'])}")
+         + (f" + gathered policy + value weights {_gb(m['gathered_weights'])}" if m["gathered_weights"] else "")],
+    ]
+    if m["vllm_server"]:
+        rows.append(["vLLM server", _gb(m["vllm_server"]),
+                     f"ppo.vllm_gpu_memory_utilization {p['vllm_gpu_memory_utilization']:g} of the GPU, "
+                     "holds the rollout KV cache"])
+    fits = "-" if m["fits"] is None else ("yes" if m["fits"] else "no")
+    rows.append(["peak", _gb(m["peak"]), "resident" + (" + vLLM server" if m["vllm_server"] else "")
+                 + " + max(train activations, rollout)"])
+    mem = p["gpu_memory_bytes"]
+    rows.append([f"fits {mem / 1e9:.0f} GB" if mem else "fits", fits,
+                 f"peak <= {MEMORY_HEADROOM:.0%} of device memory"])
+    return rows
+
+
+def print_ppo_plan(plan: dict, file: TextIO | None = None) -> None:
+    """A PPO plan: the settings it read, then memory per GPU by part (GB = 1e9 bytes); warnings on stderr."""
+    from smolforge.table import print_table
+
+    out = file or sys.stdout
+    p = plan
+    title = f"PPO memory plan for {p['recipe']}" + (f" ({p['name']})" if p.get("name") else "")
+    deepspeed = f"ZeRO-{p['zero_stage']} from {p['deepspeed']}" if p["deepspeed"] else "none (DDP)"
+    rollouts = ("vLLM server (one process)" if p["rollouts"] == "vllm-server"
+                else "HF generate" + (" (vLLM serves one process only)" if p["data_parallel_gpus"] > 1 else ""))
+    rows = [
+        ["model", f"{_si(p['policy_params'])} parameters", p["model_source"]],
+        ["precision", p["precision"], p["precision_source"]],
+        ["DeepSpeed", deepspeed, "ppo.deepspeed"],
+        ["data-parallel GPUs", str(p["data_parallel_gpus"]), f"--gpus, {p['gpu']}"],
+        ["sequence", f"{p['seq_len']} tokens", f"--prompt-len {p['prompt_len']} + ppo.max_new_tokens "
+         f"{p['max_new_tokens']}"],
+        ["batch per process", f"{p['batch_size']} / {p['mini_batch_size']}", "ppo.batch_size / ppo.mini_batch_size"],
+        ["rollouts", p["rollouts"], rollouts],
+    ]
+    print_table(["quantity", "value", "how"], rows, title=title, file=out)
+    print(file=out)
+    print_table(["part", "GB", "how"], ppo_rows(plan), title="memory per GPU (GB = 1e9 bytes)", file=out)
+    warn(plan)

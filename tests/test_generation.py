@@ -60,6 +60,29 @@ def test_pick_backend_gives_each_name_one_meaning(monkeypatch, tmp_path):
         backends.pick_backend("vlm", tmp_path)
 
 
+def test_vllm_server_gets_its_gpu_share_only_on_a_gpu(tmp_path):
+    """On a GPU vLLM would reserve 0.9 of the card next to the trainer; the CPU build has no such flag."""
+    from smolforge.generation.server import VLLMServer
+
+    server = VLLMServer(tmp_path, port=8000, gpu_memory_utilization=0.3, log_path=tmp_path / "a.log")
+    gpu = server.command(cpu=False)
+    assert gpu[gpu.index("--gpu-memory-utilization") + 1] == "0.3"
+    assert "--gpu-memory-utilization" not in server.command(cpu=True)
+    plain = VLLMServer(tmp_path, port=8000, log_path=tmp_path / "b.log")
+    assert "--gpu-memory-utilization" not in plain.command(cpu=False)  # vLLM's own default
+
+
+def test_ppo_rollout_server_reserves_the_recipes_share(tmp_path):
+    from smolforge.alignment.ppo import PPOSpec, server_rollouts
+
+    rollouts = server_rollouts(tmp_path, tmp_path / "rollouts", PPOSpec(vllm_gpu_memory_utilization=0.25, seed=3))
+    command = rollouts.server.command(cpu=False)
+    assert command[command.index("--gpu-memory-utilization") + 1] == "0.25"
+    assert command[command.index("--seed") + 1] == "3" and rollouts.server.process is None  # not started
+    default = server_rollouts(tmp_path, tmp_path / "r2", PPOSpec()).server.command(cpu=False)
+    assert default[default.index("--gpu-memory-utilization") + 1] == "0.3"
+
+
 class _Scripted(http.server.BaseHTTPRequestHandler):
     """Answers each POST with the next (status, body) of ``replies``; records what it was sent."""
 

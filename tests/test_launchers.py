@@ -85,7 +85,8 @@ def test_pipeline_steps_say_how_they_start(tmp_path):
 def test_the_deepspeed_launchers_local_rank_is_taken_by_every_command(monkeypatch, tmp_path, capsys):
     from smolforge.cli import main
 
-    monkeypatch.delenv("LOCAL_RANK", raising=False)
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.delenv("LOCAL_RANK")  # recorded, so the value main() sets is undone after the test
     assert main(["runs", "--runs-dir", str(tmp_path), "--local_rank=3"]) == 0
     assert os.environ["LOCAL_RANK"] == "3"
     monkeypatch.setenv("LOCAL_RANK", "1")  # the launcher's own variable wins

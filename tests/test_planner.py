@@ -16,7 +16,9 @@ import pytest
 from smolforge.pretrain.flops import (DEVICES, attention_flops_per_token, flops_per_token,
                             kv_cache_bytes_per_token, measure_cpu_peak_flops, peak_flops)
 from smolforge.pretrain.model import count_parameters
-from smolforge.pretrain.planner import load_pretrain_recipe, make_plan, plan_file
+from smolforge.pretrain.planner import PPO_DEFAULTS, load_pretrain_recipe, make_plan, plan_file
+from smolforge.pretrain.planner_memory import ppo_memory
+from smolforge.pretrain.model import ModelShape
 from smolforge.cli import main
 from smolforge.errors import RecipeError
 from smolforge.recipe import build, load_recipe
@@ -24,6 +26,8 @@ from smolforge.recipe import build, load_recipe
 REPO = Path(__file__).resolve().parents[1]
 SMOLLM3_3B = REPO / "recipes" / "smollm3-3b" / "pretrain.yaml"
 SMOLLM3_1B = REPO / "recipes" / "smollm3-1b" / "pretrain.yaml"
+PPO_3B = REPO / "recipes" / "smollm3-3b" / "ppo.yaml"
+N_3B = 3_075_098_624                  # SmolLM3-3B's parameters (tied embeddings, vocab 128256)
 RUN = {"tokens": "11e12", "gpu": "h100", "gpus": 384, "days": 24}  # SmolLM3: 11T tokens, 384 H100, 24 days
 REQUIRED_KEYS = {"params", "train_flops", "gpu_hours", "gpus_needed", "mfu_required", "cost_usd",
                  "kv_cache_bytes_per_token", "memory_per_gpu_bytes"}
@@ -261,3 +265,135 @@ def test_smollm3_3b_recipe_is_the_real_shape(recipe_3b):
 def test_smollm3_1b_recipe_counts_about_1_2b():
     recipe = load_pretrain_recipe(SMOLLM3_1B)
     assert count_parameters(recipe.model, 128256) == 1_235_814_400  # the figure in its comment
+
+
+
+# --------------------------------------------------------------------------- PPO memory
+
+
+@pytest.fixture(scope="module")
+def ppo_3b():
+    return plan_file(PPO_3B, model=SMOLLM3_3B, gpus=8, gpu="h100")
+
+
+def test_smollm3_3b_ppo_recipe_fits_an_80gb_card_on_8_gpus(ppo_3b):
+    plan, m = ppo_3b, ppo_3b["memory_per_gpu_bytes"]
+    assert (plan["precision"], plan["zero_stage"], plan["gradient_checkpointing"], plan["rollouts"]) == (
+        "bf16", 3, True, "hf")
+    assert plan["policy_params"] == plan["reference_params"] == N_3B
+    assert plan["value_params"] == N_3B + 2048 + 1               # no LM head (tied), plus the scalar head
+    trained = 2 * N_3B + 2049
+    assert m["states"] == pytest.approx(16 * trained / 8, abs=3)  # 2 + 2 + 12 bytes, all sharded over 8
+    assert m["reference"] == 2 * N_3B / 8
+    assert m["gathered_weights"] == 2 * trained                  # TRL gathers the whole module to generate
+    assert m["kv_cache"] == 64 * (512 + 1024) * 73728
+    assert m["peak"] == m["resident"] + max(m["train_activations"], m["rollout"])
+    assert m["fits"] and m["peak"] <= 0.9 * 80e9
+    assert m["peak"] == pytest.approx(32.6e9, rel=0.01)           # the figure in the recipe's header
+    assert plan["warnings"] == []
+
+
+def test_the_same_recipe_in_fp32_without_deepspeed_needs_about_108_gb():
+    plan = plan_file(PPO_3B, ["ppo.precision=fp32", "ppo.deepspeed=null"], model=SMOLLM3_3B, gpus=8)
+    m = plan["memory_per_gpu_bytes"]
+    trained = 2 * N_3B + 2049
+    assert (m["weights"], m["grads"], m["optimizer"]) == (4 * trained, 4 * trained, 8 * trained)  # nothing sharded
+    assert m["reference"] == 4 * N_3B
+    assert m["resident"] == pytest.approx(108e9, rel=0.03)        # 2 × 3B × 16 B + 12 GB: the issue's figure
+    assert m["fits"] is False and m["peak"] > m["resident"]
+    assert any("ppo.deepspeed" in w for w in plan["warnings"]) and any("fp32" in w for w in plan["warnings"])
+
+
+def test_ppo_memory_matches_a_hand_worked_small_case():
+    """hidden 64, 2 layers, 2 heads (head_dim 32), 1 KV head, vocab 100; 1000 + 900 trained params,
+    bf16 on ZeRO-2 over 4 GPUs; prompt 6 + 2 response tokens, mini-batch 1, batch 2."""
+    shape = ModelShape(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1)
+    common = dict(policy_params=1000, value_params=900, reference_params=1000, precision="bf16", deepspeed=True,
+                  zero_stage=2, dp_gpus=4, prompt_len=6, response_len=2, mini_batch_size=1, batch_size=2,
+                  gpu_memory_bytes=100_000)
+    m = ppo_memory(shape, 100, gradient_checkpointing=False, **common)
+    assert (m["weights"], m["grads"], m["optimizer"]) == (2 * 1900, 2 * 1900 // 4, 12 * 1900 // 4)  # 3800 950 5700
+    assert m["reference"] == 2000                                 # bf16, sharded only under ZeRO-3
+    sbh = 8 * 1 * 64
+    trunk = 2 * 34 * sbh                                          # 34·s·b·h per layer, fused attention
+    assert m["activations_value"] == trunk == 34816
+    assert m["activations_policy"] == trunk + 4 * 1 * 3 * 100     # fp32 logits of response + 1 positions
+    assert m["kv_cache"] == 2 * 8 * (2 * 1 * 32 * 2 * 2) == 4096  # batch × tokens × layers·kv·head_dim·K,V·2 B
+    assert m["gathered_weights"] == 0 and m["rollout"] == 4096
+    assert m["resident"] == 3800 + 950 + 5700 + 2000 == 12450
+    assert m["peak"] == 12450 + 34816 + 36016 == 83282 and m["fits"]  # <= 90 % of 100 000
+    ckpt = ppo_memory(shape, 100, gradient_checkpointing=True, **common)
+    assert ckpt["activations_value"] == 2 * 2 * sbh + 34 * sbh    # inputs kept + one layer recomputed
+    zero3 = ppo_memory(shape, 100, gradient_checkpointing=True, **{**common, "zero_stage": 3})
+    assert (zero3["weights"], zero3["reference"], zero3["gathered_weights"]) == (950, 500, 3800)
+    assert zero3["rollout"] == 4096 + 3800
+    fp32 = ppo_memory(shape, 100, gradient_checkpointing=False, **{**common, "precision": "fp32"})
+    assert (fp32["weights"], fp32["reference"], fp32["kv_cache"]) == (4 * 1900, 4000, 8192)
+
+
+def test_one_gpu_ppo_counts_the_vllm_servers_share(ppo_3b):
+    plan = plan_file(PPO_3B, model=SMOLLM3_3B, gpus=1, gpu="h200")
+    m = plan["memory_per_gpu_bytes"]
+    assert plan["rollouts"] == "vllm-server" and plan["vllm_gpu_memory_utilization"] == 0.3
+    assert m["vllm_server"] == pytest.approx(0.3 * 141e9) and m["kv_cache"] == 0
+    assert m["peak"] == m["resident"] + m["vllm_server"] + max(m["train_activations"], m["rollout"])
+    hf = plan_file(PPO_3B, ["generation=hf"], model=SMOLLM3_3B, gpus=1, gpu="h200")["memory_per_gpu_bytes"]
+    assert hf["vllm_server"] == 0 and hf["kv_cache"] > 0
+
+
+def test_ppo_plan_without_model_or_parent_says_to_pass_model(tmp_path, capsys, monkeypatch):
+    with pytest.raises(RecipeError, match="parent run 'dpo-smollm3-3b' has no model/config.json.*pass --model"):
+        plan_file(PPO_3B, gpus=8, runs_dir=tmp_path)
+    monkeypatch.setenv("SMOLFORGE_RUNS", str(tmp_path))
+    assert main(["plan", str(PPO_3B), "--gpus", "8"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("RecipeError:") and "pass --model" in err and "Traceback" not in err
+
+
+def test_ppo_plan_reads_the_parent_runs_model_config(tmp_path):
+    from smolforge.pretrain.model import model_config
+
+    shape = ModelShape(hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1)
+    model_dir = tmp_path / "dpo-smollm3-3b" / "model"
+    model_dir.mkdir(parents=True)
+    model_config(shape, 300).save_pretrained(model_dir)
+    plan = plan_file(PPO_3B, gpus=8, gpu="a100-40g", runs_dir=tmp_path)
+    assert plan["policy_params"] == count_parameters(shape, 300) and plan["vocab_size"] == 300
+    assert plan["model_source"] == str(model_dir / "config.json")
+    folder = plan_file(PPO_3B, model=str(model_dir), gpus=8)        # --model as a HF model folder
+    assert folder["policy_params"] == plan["policy_params"]
+
+
+def test_ppo_defaults_here_are_the_stages_own():
+    from smolforge.alignment.ppo import PPOSpec
+
+    spec = PPOSpec()
+    assert PPO_DEFAULTS == {key: getattr(spec, key) for key in PPO_DEFAULTS}
+
+
+def test_ppo_plan_cli_table_and_json(capsys):
+    args = ["plan", str(PPO_3B), "--model", str(SMOLLM3_3B), "--gpus", "8", "--gpu", "h100"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    for text in ("PPO memory plan", "ZeRO-3", "train activations", "rollout", "peak", "fits 80 GB", "yes"):
+        assert text in out
+    assert main(["--json", *args]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["stage"] == "ppo" and plan["memory_per_gpu_bytes"]["fits"] is True
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--tokens", "11T"], "--tokens is for pretrain recipes"),
+    (["--prompt-len", "0"], "--prompt-len must be a number > 0"),
+    (["--model", "no/such/config.json"], "no/such/config.json not found"),
+    (["--set", "ppo.precision=fp16"], "ppo.precision must be one of auto, fp32, bf16"),
+    (["--set", "ppo.deepspeed=no/such.json"], "ppo.deepspeed: no/such.json not found"),
+])
+def test_bad_ppo_plan_inputs_exit_2(args, says, capsys):
+    assert main(["plan", str(PPO_3B), "--model", str(SMOLLM3_3B), *args]) == 2
+    assert says in capsys.readouterr().err
+
+
+def test_model_is_only_for_ppo_recipes(capsys):
+    assert main(["plan", str(SMOLLM3_3B), "--model", str(SMOLLM3_3B)]) == 2
+    assert "--model is for PPO recipes" in capsys.readouterr().err

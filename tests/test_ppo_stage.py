@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -128,6 +129,10 @@ def test_mini_batch_size_must_divide_batch_size(runs, sft_run, data_run):
     ({"reward_weights": [1.0, 2.0]}, "one weight per reward"),
     ({"rewards": ["answer_mach"]}, "did you mean 'answer_match'"),
     ({"parent": "no-such-run"}, "no-such-run"),
+    ({"ppo": {"precision": "fp16"}}, "ppo.precision must be one of auto, fp32, bf16, got 'fp16'"),
+    ({"ppo": {"deepspeed": "no/such/zero3.json"}}, "ppo.deepspeed: no/such/zero3.json not found"),
+    ({"ppo": {"vllm_gpu_memory_utilization": 1.5}}, "vllm_gpu_memory_utilization is a share of the GPU"),
+    ({"ppo": {"vllm_gpu_memory_utilization": 0}}, "between 0 and 1"),
 ])
 def test_bad_recipes_fail_before_any_work(runs, sft_run, data_run, changes, message):
     recipe = ppo_recipe(**changes)
@@ -175,3 +180,114 @@ def test_a_split_that_leaves_no_training_prompt_is_refused(runs, sft_run, tmp_pa
     path.write_text(json.dumps({"prompt": "Add 1 and 2.", "answer": "3"}) + "\n")
     with pytest.raises(RecipeError, match="1 prompt rows leave none for training"):
         load_stage("ppo").validate(ppo_recipe(data=str(path)), runs)
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{\"zero_optimization\": {\"stage\": 3},", "is not JSON"),
+    ('{"train_batch_size": "auto"}', "must be a JSON object with a zero_optimization section"),
+    ('{"zero_optimization": {"stage": 3}, "train_micro_batch_size_per_gpu": 3}',
+     r"train_micro_batch_size_per_gpu is 3 but PPO steps on ppo.mini_batch_size=4 rollouts"),
+    ('{"zero_optimization": {"stage": 3}, "bf16": {"enabled": true}}', "bf16.enabled=true but ppo.precision is fp32"),
+])
+def test_a_bad_deepspeed_file_is_named_before_any_work(runs, sft_run, data_run, tmp_path, content, message):
+    path = tmp_path / "ds.json"
+    path.write_text(content)
+    recipe = ppo_recipe(ppo={"deepspeed": str(path), "precision": "fp32"})
+    with pytest.raises(RecipeError, match=message) as error:
+        load_stage("ppo").validate(recipe, runs)
+    assert "ppo.deepspeed" in str(error.value) or str(path) in str(error.value)
+
+
+def test_the_3b_recipe_passes_its_own_checks(monkeypatch):
+    """recipes/smollm3-3b/ppo.yaml: ZeRO-3 JSON found from the repo root, "auto" micro-batch, bf16."""
+    from smolforge.alignment import ppo
+
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)  # recipes name files from the repo root
+    path = REPO / "recipes" / "smollm3-3b" / "ppo.yaml"
+    stage, data = load_recipe(path)
+    recipe = build_stage_recipe(load_stage(stage), data, source=str(path))
+    ppo._check_numbers(recipe)
+    spec = recipe.ppo
+    assert (spec.precision, spec.deepspeed, spec.gradient_checkpointing) == (
+        "bf16", "recipes/smollm3-3b/zero3.json", True)
+    assert spec.vllm_gpu_memory_utilization == 0.3
+    assert (REPO / spec.deepspeed).is_file()
+    config = json.loads((REPO / spec.deepspeed).read_text())
+    assert config["zero_optimization"]["stage"] == 3 and config["train_micro_batch_size_per_gpu"] == "auto"
+
+
+def test_defaults_train_in_fp32_without_deepspeed_on_cpu():
+    from smolforge.alignment import ppo
+
+    spec = ppo.PPOSpec()
+    assert (spec.precision, spec.deepspeed, spec.gradient_checkpointing) == ("auto", None, False)
+    assert ppo.resolved_precision(spec.precision, cuda=False) == "fp32"
+    assert ppo.resolved_precision(spec.precision, cuda=True) == "bf16"
+
+
+def test_gradient_checkpointing_trains_both_backbones(runs, sft_run, data_run):
+    """ppo.gradient_checkpointing: policy and value trunks recompute in backward, and one PPO step
+    still moves the policy (generation turns it off and back on around sampling)."""
+    from smolforge.alignment import online, ppo_math, ppo_models, ppo_step
+
+    recipe = ppo_recipe(ppo={"gradient_checkpointing": True, "batch_size": 4, "mini_batch_size": 2,
+                             "ppo_epochs": 1})
+    spec = recipe.ppo
+    models = ppo_models.build_models(sft_run.model_dir, spec)
+    unwrapped = models.accelerator.unwrap_model(models.model)
+    assert unwrapped.policy.is_gradient_checkpointing and unwrapped.value_model.backbone.is_gradient_checkpointing
+    assert next(models.ref.parameters()).dtype == torch.float32  # fp32 training: an fp32 reference
+    _, _, train, _ = online.load_prompts(recipe, runs, spec.seed)
+    before = {k: v.clone() for k, v in models.policy.state_dict().items()}
+    metrics = ppo_step.step(models, spec, train[:spec.batch_size], [word_overlap],
+                            ppo_math.KLController(spec.kl_coef))
+    assert unwrapped.policy.is_gradient_checkpointing  # back on after sampling
+    assert all(math.isfinite(metrics[k]) for k in ("policy_loss", "value_loss"))
+    assert any(not torch.equal(v, before[k]) for k, v in models.policy.state_dict().items())
+
+
+ZERO3_STEP = """
+import json, sys
+from smolforge.alignment import ppo, ppo_math, ppo_models, ppo_step
+spec = ppo.PPOSpec(batch_size=4, mini_batch_size=2, ppo_epochs=1, max_new_tokens=4, learning_rate=1e-4,
+                   deepspeed=sys.argv[2], precision=sys.argv[3], gradient_checkpointing=True)
+accelerator = ppo.make_accelerator(spec)
+models = ppo_models.build_models(sys.argv[1], spec, accelerator)
+rows = [{"prompt": f"Add {i} and 1.", "answer": str(i + 1)} for i in range(4)]
+metrics = ppo_step.step(models, spec, rows, [lambda prompts, completions, **kw: [float(i % 2) for i in
+                        range(len(completions))]], ppo_math.KLController(spec.kl_coef))
+config = accelerator.deepspeed_config
+print(json.dumps({"zero3": ppo_models.zero3(accelerator), "micro": config["train_micro_batch_size_per_gpu"],
+                  "train_batch": config["train_batch_size"], "clip": config["gradient_clipping"],
+                  "bf16": config["bf16"]["enabled"], "bucket": config["zero_optimization"]["reduce_bucket_size"],
+                  "value_loss": metrics["value_loss"]}))
+"""
+
+
+@pytest.mark.slow
+def test_ppo_deepspeed_fills_the_zero3_recipes_auto_values(sft_run, tmp_path, precision="bf16"):
+    """ppo.deepspeed with the 3B recipes' own zero3.json (all "auto") on one CPU process: accelerate
+    gets the micro-batch (ppo.mini_batch_size) and clipping (ppo.max_grad_norm) from the recipe, the
+    bucket sizes from the model's hidden size, bf16 from ppo.precision; one step trains."""
+    import os
+    import subprocess
+    import sys
+
+    from conftest import REPO
+    from smolforge.processes import free_port
+
+    script = tmp_path / "zero3_step.py"
+    script.write_text(ZERO3_STEP)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+           "LOCAL_WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port("127.0.0.1")),
+           "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, str(script), str(sft_run.model_dir), "recipes/smollm3-3b/zero3.json",
+                          precision], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    hidden = json.loads((sft_run.model_dir / "config.json").read_text())["hidden_size"]
+    assert found["zero3"] and (found["micro"], found["train_batch"], found["clip"]) == (2, 2, 1.0)
+    assert found["bf16"] is (precision == "bf16") and found["bucket"] == hidden * hidden
+    assert math.isfinite(found["value_loss"])
