@@ -90,6 +90,24 @@ def server_env(base: dict[str, str] | None = None, *, dev_mode: bool = False, cp
     return env
 
 
+def checkpoint_dtype(model_dir: str | Path) -> str:
+    """The dtype a model folder's config declares (``float32``, ``bfloat16``…), else ``auto``.
+
+    >>> import json, tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp()); _ = (folder / "config.json").write_text(json.dumps({"torch_dtype": "float32"}))
+    >>> checkpoint_dtype(folder), checkpoint_dtype(tempfile.mkdtemp())
+    ('float32', 'auto')
+    """
+    import json
+
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return "auto"
+    dtype = config.get("dtype") or config.get("torch_dtype")
+    return dtype if dtype in ("float32", "bfloat16", "float16") else "auto"
+
+
 class VLLMServer:
     """One vLLM server process serving ``model_dir`` under ``served_name`` (a context manager)."""
 
@@ -122,8 +140,12 @@ class VLLMServer:
                "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port)]
         if cpu:
             cmd += ["--dtype", "float32", "--enforce-eager"]
-        elif self.gpu_memory_utilization is not None:
-            cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
+        else:
+            # vLLM's "auto" serves an fp32 checkpoint in fp16; serve what the run trained (HF parity,
+            # rollout log-probs). `-- --dtype bfloat16` after a serve command still overrides it.
+            cmd += ["--dtype", checkpoint_dtype(self.model_dir)]
+            if self.gpu_memory_utilization is not None:
+                cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len:
             cmd += ["--max-model-len", str(self.max_model_len)]
         return cmd + self.extra_args

@@ -72,6 +72,21 @@ def test_vllm_server_gets_its_gpu_share_only_on_a_gpu(tmp_path):
     assert "--gpu-memory-utilization" not in plain.command(cpu=False)  # vLLM's own default
 
 
+def test_vllm_server_serves_the_checkpoints_own_dtype_on_a_gpu(tmp_path):
+    """vLLM's "auto" would serve an fp32 checkpoint in fp16 on a GPU, off from HF and from training."""
+    import json
+
+    from smolforge.generation.server import VLLMServer
+
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
+    server = VLLMServer(tmp_path, port=8000, log_path=tmp_path / "a.log", extra_args=["--dtype", "bfloat16"])
+    gpu = server.command(cpu=False)
+    assert gpu[gpu.index("--dtype") + 1] == "float32" and gpu[-2:] == ["--dtype", "bfloat16"]  # the user's wins
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "dtype": "bfloat16"}))
+    assert server.command(cpu=False)[server.command(cpu=False).index("--dtype") + 1] == "bfloat16"
+    assert server.command(cpu=True)[server.command(cpu=True).index("--dtype") + 1] == "float32"
+
+
 def test_ppo_rollout_server_reserves_the_recipes_share(tmp_path):
     from smolforge.alignment.ppo import PPOSpec, server_rollouts
 
