@@ -158,7 +158,7 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
 
     from smolforge.data.schemas import load_many, resolve_data
 
-    from .ranks import check_exportable, save_trained, start_run
+    from .ranks import check_exportable, save_trained, start_run, stop_on_request
 
     kind, schema = STAGE_DATA[stage]
     parent = model_parent(runs, recipe.parent)
@@ -170,14 +170,16 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
+        callbacks = [run_logger(run), stopper := stop_on_request()]
         if eval_fraction > 0:
             train_rows, eval_rows = split_heldout(rows, eval_fraction, recipe.trainer.seed)
-            trainer = make_trainer(parent.model_dir, Dataset.from_list(train_rows), tokenizer, [run_logger(run)],
+            trainer = make_trainer(parent.model_dir, Dataset.from_list(train_rows), tokenizer, callbacks,
                                    eval_dataset=Dataset.from_list(eval_rows))
         else:
-            trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, [run_logger(run)])
+            trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, callbacks)
         check_exportable(trainer, export is not None)
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        stopper.raise_if_stopped()
         save_trained(trainer, run, tokenizer, export)
         summary = train_summary(trainer, result)
         if summarize is not None:

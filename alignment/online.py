@@ -162,7 +162,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
 
     from .rewards import mean_reward
 
-    from .ranks import full_weights, process_state, save_trained, start_run
+    from .ranks import full_weights, process_state, save_trained, start_run, stop_on_request
 
     parent = model_parent(runs, recipe.parent)
     paths, data_run, train, heldout = load_prompts(recipe, runs, recipe.trainer.seed)
@@ -187,9 +187,10 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
                                       seed=recipe.trainer.seed).start()
         try:
             rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer) if rollouts else None
-            trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, [run_logger(run)],
-                                   rollout_func)
+            trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards,
+                                   [run_logger(run), stopper := stop_on_request()], rollout_func)
             result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+            stopper.raise_if_stopped()
         finally:
             if rollouts is not None:
                 rollouts.stop()

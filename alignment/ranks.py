@@ -66,6 +66,8 @@ def resume_point(path: Path, overwrite: bool) -> Path | None:
     if overwrite or not (path / "run.json").is_file():
         return None
     run = Run(path)
+    if run.status == "queued":  # `smolforge launch` queued it; this is its first start
+        return None
     if run.status == "done":
         raise RunError(f"run '{run.name}' already exists (status done) at {path}; "
                        "pass --overwrite or choose another name")
@@ -103,6 +105,39 @@ def start_run(runs: Runs, stage: str, recipe: Any, parents: list[Run], data_fing
         message = str(exc)
         run.fail(f"rank {state.process_index}: {type(exc).__name__}" + (f": {message}" if message else ""))
         raise
+
+
+def stop_on_request():
+    """A TrainerCallback: when the Slurm job asks (``smolforge launch``'s stop file), save a checkpoint
+    and stop after this step, on every rank at the same step; :meth:`raise_if_stopped` then ends the
+    stage with :class:`~smolforge.errors.Preempted`, so the run stays unfinished and resumes."""
+    import os
+
+    from transformers import TrainerCallback
+
+    from smolforge.slurm import STOP_FILE_ENV, stop_requested
+
+    class StopOnRequest(TrainerCallback):
+        stopped_at: int | None = None
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if STOP_FILE_ENV not in os.environ or state.global_step >= state.max_steps:
+                return
+            from accelerate.utils import broadcast_object_list
+
+            asked = broadcast_object_list([stop_requested()], from_process=0)[0]
+            if asked:
+                control.should_save = control.should_training_stop = True
+                self.stopped_at = state.global_step
+
+        def raise_if_stopped(self) -> None:
+            if self.stopped_at is not None:
+                from smolforge.errors import Preempted
+
+                raise Preempted(f"stopped at step {self.stopped_at} before the job's time limit; "
+                                f"checkpoint-{self.stopped_at} saved: the requeued job resumes from it")
+
+    return StopOnRequest()
 
 
 def zero_stage(accelerator) -> int:

@@ -127,7 +127,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from datasets import Dataset
     from trl import RewardTrainer
 
-    from .ranks import check_exportable, full_weights, save_trained, start_run
+    from .ranks import check_exportable, full_weights, save_trained, start_run, stop_on_request
 
     parent = model_parent(runs, recipe.parent)
     train_rows, held, paths, data_run = _pairs(recipe, runs)
@@ -141,7 +141,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         trainer = RewardTrainer(model=str(parent.model_dir), args=recipe.trainer,
                                 train_dataset=Dataset.from_list(_columns(train_rows)),
                                 eval_dataset=Dataset.from_list(_columns(held)),
-                                processing_class=tokenizer, callbacks=[run_logger(run)],
+                                processing_class=tokenizer, callbacks=[run_logger(run), stopper := stop_on_request()],
                                 peft_config=lora_config(recipe.lora, "SEQ_CLS") if recipe.lora else None)
         check_exportable(trainer, recipe.lora is not None)
         kept = len(trainer.train_dataset)
@@ -151,6 +151,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         with full_weights(trainer.model):
             before = heldout_scores(trainer.model, tokenizer, held)
         result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        stopper.raise_if_stopped()
         trl_eval = trainer.evaluate()
         model = trainer.accelerator.unwrap_model(trainer.model)
         if recipe.lora is not None and trainer.accelerator.is_main_process:  # keep the adapter; model/ is merged

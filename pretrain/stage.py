@@ -27,11 +27,12 @@ import contextlib
 import json
 import logging
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from smolforge.errors import RecipeError, RunError
+from smolforge.errors import Preempted, RecipeError, RunError
 from smolforge.recipe import build, to_dict
 from smolforge.runs import Run, Runs
 
@@ -175,6 +176,8 @@ def resume_point(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
     if overwrite or not (path / "run.json").is_file():
         return None
     status = Run(path).status
+    if status == "queued":  # `smolforge launch` queued it; this is its first start
+        return None
     if status == "done":
         raise RunError(f"run '{recipe.name}' already exists (status done) at {path}; "
                        "pass --overwrite or choose another name")
@@ -314,6 +317,8 @@ class Loop:
                     window = []
                 if self.checkpoint_due(step):
                     self.save_checkpoint(step)
+                if step < t.max_steps and self.stop_asked():
+                    self.stop(step)
             bar.close()
             self.finish(time.perf_counter() - started, start)
         finally:
@@ -389,6 +394,22 @@ class Loop:
         self.event(step, "spike", reason=reason, action="rewind", to_step=ckpt.step_of(folder),
                    skipped_steps=step - ckpt.step_of(folder))
         return True
+
+    # -- stopping on the job's request -------------------------------------------------------
+    def stop_asked(self) -> bool:
+        """Whether the Slurm job asked to stop (its time limit is near); one answer for every rank."""
+        from smolforge.slurm import STOP_FILE_ENV, stop_requested
+
+        return STOP_FILE_ENV in os.environ and bool(broadcast(stop_requested() if self.rank == 0 else None))
+
+    def stop(self, step: int) -> None:
+        """Checkpoint here and end the process; the job requeues and the run resumes from this step."""
+        newest = ckpt.newest_valid(self.run.checkpoints_dir) if self.rank == 0 else None
+        if broadcast(newest is None or ckpt.step_of(newest) != step):
+            self.save_checkpoint(step)
+        self.event(step, "stopped", reason="the job asked (time limit near)", checkpoint=f"step-{step}")
+        raise Preempted(f"stopped at step {step} of {self.t.max_steps} before the job's time limit; "
+                        f"checkpoint step-{step} saved: the same command (the requeued job) resumes from it")
 
     # -- checkpoints ------------------------------------------------------------------------
     def checkpoint_due(self, step: int) -> bool:

@@ -31,7 +31,7 @@ import traceback
 from collections.abc import Sequence
 
 from smolforge.commands import Context, add_stage_parser, add_tool_parser, close_option, epilog, extra_overrides
-from smolforge.errors import RecipeError, SmolforgeError
+from smolforge.errors import RecipeError, SmolforgeError, Terminated
 
 __all__ = ["main", "build_parser", "extra_overrides", "split_global_options", "lineage_lines"]
 
@@ -167,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
     m.set_defaults(handler=_cmd_import, takes_extras=False)
 
+    _launch_parser(sub, fmt)
+
     for tool in declared.tools.values():
         add_tool_parser(sub, tool, fmt)
     for choice in sub.choices.values():  # --help of every command lists the global options too
@@ -174,7 +176,81 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _launch_parser(sub, fmt) -> None:
+    p = sub.add_parser(
+        "launch", help="submit a stage to Slurm (srun + torchrun), or print its job script",
+        formatter_class=fmt,
+        description="Create the run (status queued), write its recipe and job script under RUN/slurm/ and "
+        "sbatch it.\nsrun starts one torchrun per node (c10d rendezvous on the first node), or every rank "
+        "itself\n(--rendezvous srun). Before the time limit the job gets USR1: the stage checkpoints and "
+        "stops,\nthe job requeues itself and the run resumes. `smolforge runs` shows the job's Slurm state.",
+        epilog=epilog("smolforge launch pretrain --config recipes/smollm3-1b/pretrain.yaml --nodes 2 "
+                      "--gpus-per-node 8 --partition hopper --time 2-00:00:00 --dry-run",
+                      "smolforge launch sft --config recipes/demo/sft.yaml --tasks-per-node 2 --time 30"),
+    )
+    p.add_argument("stage", metavar="STAGE", help="the stage to run (its recipe's 'stage')")
+    p.add_argument("--config", required=True, metavar="FILE", help="stage recipe YAML")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key (repeatable)")
+    p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes (default 1)")
+    p.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs, one rank each (default 0: CPU ranks)")
+    p.add_argument("--tasks-per-node", type=int, default=1, metavar="T", help="CPU ranks per node without GPUs (default 1)")
+    p.add_argument("--cpus-per-task", type=int, metavar="C", help="CPUs per Slurm task")
+    p.add_argument("--partition", metavar="P")
+    p.add_argument("--time", metavar="LIMIT", help="time limit: minutes or [D-]HH:MM:SS")
+    p.add_argument("--account", metavar="A")
+    p.add_argument("--qos", metavar="Q")
+    p.add_argument("--sbatch", action="append", default=[], metavar="OPTION",
+                   help="an extra #SBATCH option, e.g. --sbatch=--exclusive (repeatable)")
+    p.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="exported in the job (repeatable)")
+    p.add_argument("--signal-lead", type=int, default=300, metavar="S",
+                   help="seconds before the time limit at which the stage checkpoints and the job requeues (default 300)")
+    p.add_argument("--rendezvous", default="torchrun", choices=["torchrun", "srun"],
+                   help="torchrun per node with a c10d rendezvous (default), or srun-native ranks")
+    p.add_argument("--no-requeue", action="store_true", help="after a pre-timeout stop, end instead of requeueing")
+    p.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
+    p.add_argument("--dry-run", action="store_true", help="print the job script; create and submit nothing")
+    p.set_defaults(handler=_cmd_launch, takes_extras=False)
+
+
 # --------------------------------------------------------------------------- the spine's commands
+
+
+def _cmd_launch(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from smolforge import recipe as recipes
+    from smolforge.registry import load_stage
+    from smolforge.slurm import SlurmSpec, submit
+
+    stage, data = recipes.load_recipe(args.config, args.set)
+    if stage != args.stage:
+        raise RecipeError(f"{args.config}: recipe is for stage '{stage}', not '{args.stage}'")
+    module = load_stage(stage)
+    recipe = recipes.build_stage_recipe(module, data, source=str(args.config))  # unknown keys fail here, not in the job
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise RecipeError(f"--env {item!r}: expected KEY=VALUE")
+        env[key] = value
+    spec = SlurmSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+                     cpus_per_task=args.cpus_per_task, partition=args.partition, time=args.time, account=args.account,
+                     qos=args.qos, sbatch=list(args.sbatch), env=env, signal_lead=args.signal_lead,
+                     rendezvous=args.rendezvous, requeue=not args.no_requeue)
+    if not args.dry_run:
+        module.validate(recipe, ctx.runs)
+    data = {key: value for key, value in data.items() if key != "stage"}
+    data.setdefault("name", getattr(recipe, "name", None))
+    script, job_id = submit(ctx.runs, stage, data, spec, overwrite=args.overwrite, dry_run=args.dry_run)
+    if args.dry_run:
+        print(script, end="")
+        return 0
+    run_dir = ctx.root / data["name"]
+    if ctx.json:
+        print(json.dumps({"run": data["name"], "path": str(run_dir), "slurm_job_id": job_id,
+                          "script": str(run_dir / "slurm" / "job.sh")}))
+    else:
+        print(f"submitted job {job_id}: run {data['name']} queued → {run_dir} (script: {run_dir / 'slurm' / 'job.sh'})")
+    return 0
+
 
 
 def _cmd_pipeline(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
@@ -194,7 +270,7 @@ def _cmd_runs(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
         items = [{"name": r.name, "stage": r.stage, "status": r.status, "path": str(r.path),
                   "parents": r.parents, "started_at": r.info.get("started_at"),
                   "ended_at": r.info.get("ended_at"), "wall_s": wall_seconds(r.info),
-                  "metrics": r.metrics} for r in found]
+                  "metrics": r.metrics, **({"slurm": slurm_job(r)} if r.info.get("launch") else {})} for r in found]
         print(json.dumps({"root": str(ctx.root), "runs": items}, indent=2, default=str))
         return 0
     if not found:
@@ -202,8 +278,27 @@ def _cmd_runs(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
         return 0
     rows = [[r.name, r.stage, r.status, (r.info.get("started_at") or "")[:19].replace("T", " "),
              wall_seconds(r.info), ", ".join(r.parents) or "-"] for r in found]
-    print_table(["name", "stage", "status", "started", "wall s", "parents"], rows)
+    headers = ["name", "stage", "status", "started", "wall s", "parents"]
+    jobs = {r.name: slurm_job(r) for r in found}
+    if any(jobs.values()):
+        headers.append("slurm job")
+        for row, run in zip(rows, found):
+            row.append(jobs[run.name])
+    print_table(headers, rows)
     return 0
+
+
+def slurm_job(run) -> str | None:
+    """``"<job id> <Slurm state>"`` for a run ``smolforge launch`` submitted (the state asked of
+    ``scontrol`` while the run is unfinished; ``gone`` once Slurm forgot the job), else None."""
+    job_id = (run.info.get("launch") or {}).get("slurm_job_id")
+    if not job_id:
+        return None
+    if run.status == "done":
+        return f"{job_id}"
+    from smolforge.slurm import job_state
+
+    return f"{job_id} {job_state(job_id) or 'gone'}"
 
 
 def lineage_lines(node: dict) -> list[str]:
@@ -258,6 +353,18 @@ def _known_options(parser: argparse.ArgumentParser, command: str) -> list[str]:
     return sorted({flag for action in chosen._actions for flag in action.option_strings if flag.startswith("--")})
 
 
+def _unwind_on_sigterm() -> None:
+    """SIGTERM raises :class:`Terminated` in the main thread (when it is this process's main thread)."""
+    import signal
+    import threading
+
+    def terminated(signum, frame):
+        raise Terminated("terminated by SIGTERM")
+
+    if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, terminated)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit code (2 for smolforge errors, 130 on Ctrl-C).
 
@@ -269,6 +376,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+    if argv is None:  # the command itself (not a caller in its own process): SIGTERM unwinds, runs record it
+        _unwind_on_sigterm()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]
     try:
@@ -303,6 +412,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             traceback.print_exc()
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 2)
     except BrokenPipeError:  # `smolforge runs | head`: stop quietly

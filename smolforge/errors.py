@@ -11,7 +11,7 @@ without a traceback unless ``--debug`` is given; the process exits with code 2.
 """
 from __future__ import annotations
 
-__all__ = ["SmolforgeError", "RecipeError", "DataError", "RunError", "ServiceError"]
+__all__ = ["SmolforgeError", "RecipeError", "DataError", "RunError", "ServiceError", "Preempted", "Terminated"]
 
 
 class SmolforgeError(Exception):
@@ -32,3 +32,13 @@ class RunError(SmolforgeError):
 
 class ServiceError(SmolforgeError):
     """An external service (vLLM server, Argilla, ...) could not be started or reached."""
+
+
+class Preempted(SmolforgeError):
+    """The stage checkpointed and stopped because its job asked (a Slurm time limit is near); the run
+    stays unfinished and the same command resumes it."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived (``scancel``, a launcher stopping its ranks): unwind so the run is marked failed
+    and the processes a stage started are stopped, instead of dying with the run left ``running``."""

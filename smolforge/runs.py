@@ -543,7 +543,9 @@ class Runs:
             run._write()
             yield from self._supervise(run)
             return
-        self._clear(path, name, overwrite)
+        launch = self._queued_launch(path) if not overwrite else None
+        if launch is None:
+            self._clear(path, name, overwrite)
         path.mkdir(parents=True, exist_ok=True)
         info = {
             "name": name,
@@ -559,9 +561,20 @@ class Runs:
             "metrics": launch_info(),  # how many processes, started by which launcher (none: {})
             "error": None,
         }
+        if launch is not None:  # submitted by `smolforge launch`: the job now starts it, in place
+            info["launch"] = launch
         run = Run(path, info)
         run._write()
         yield from self._supervise(run)
+
+    @staticmethod
+    def _queued_launch(path: Path) -> dict | None:
+        """The ``launch`` record of a run ``smolforge launch`` queued and no process has started yet."""
+        try:
+            info = _read_info(path)
+        except RunError:
+            return None
+        return dict(info.get("launch") or {}) if info.get("status") == "queued" else None
 
     @staticmethod
     def _supervise(run: Run) -> Iterator[Run]:

@@ -127,3 +127,22 @@ RUN_FIRST = ("test_pipeline_e2e.py",)
 
 def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: item.path.name not in RUN_FIRST)
+
+
+# A real one-machine Slurm cluster (tests/slurm_cluster.py), started once per session (per
+# pytest-xdist worker); tests that use it are marked slow. Clients and jobs need SLURM_CONF:
+# ``monkeypatch.setenv("SLURM_CONF", str(slurm.conf))`` or ``env=slurm.env``.
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory):
+    from slurm_cluster import slurm_available, slurm_cluster
+
+    missing = slurm_available()
+    if missing:
+        pytest.skip(missing)
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+def pytest_itemcollected(item):
+    if "slurm" in getattr(item, "fixturenames", ()):
+        item.add_marker(pytest.mark.slow)

@@ -230,22 +230,37 @@ def one_process_run(runs, data_run, tmp_path_factory):
 ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(("zero_stage", "launcher"), [(2, "deepspeed"), (3, "torchrun")])
-def test_two_process_zero_run_matches_one_process(runs, data_run, one_process_run, tmp_path, zero_stage, launcher):
-    """Two ranks under each launcher: the deepspeed launcher appends --local_rank=N to every rank's
-    command line, which the CLI takes; torchrun passes only variables."""
+@pytest.fixture(scope="module")
+def two_rank_runs(runs, data_run, tmp_path_factory):
+    """``start(zero_stage, launcher)``: a 2-rank run of the ZeRO recipe under that launcher, once per module
+    (the launcher's output kept for the test's own checks)."""
     from smolforge.launchers import LaunchSpec, launch_command
 
-    two = write_recipe(tmp_path / "two.yaml", runs, f"pretrain-2p-z{zero_stage}", data_run.name,
-                       train={**ZERO_TRAIN, "zero_stage": zero_stage, "micro_batch_size": 4})
-    command = launch_command(LaunchSpec(processes=2, launcher=launcher), two[2:])
-    launched = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
-    assert launched.returncode == 0, launched.stderr[-3000:]
+    started: dict = {}
+
+    def start(zero_stage: int, launcher: str):
+        if (zero_stage, launcher) not in started:
+            two = write_recipe(tmp_path_factory.mktemp("two") / "two.yaml", runs, f"pretrain-2p-z{zero_stage}",
+                               data_run.name, train={**ZERO_TRAIN, "zero_stage": zero_stage, "micro_batch_size": 4})
+            command = launch_command(LaunchSpec(processes=2, launcher=launcher), two[2:])
+            launched = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+            assert launched.returncode == 0, launched.stderr[-3000:]
+            started[zero_stage, launcher] = launched
+        return started[zero_stage, launcher]
+
+    return start
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("zero_stage", "launcher"), [(2, "deepspeed"), (3, "torchrun")])
+def test_two_process_zero_run_matches_one_process(runs, one_process_run, two_rank_runs, zero_stage, launcher):
+    """Two ranks under each launcher: the deepspeed launcher appends --local_rank=N to every rank's
+    command line, which the CLI takes; torchrun passes only variables."""
+    launched = two_rank_runs(zero_stage, launcher)
     if launcher == "deepspeed":
         assert "--local_rank=1" in launched.stdout + launched.stderr  # the launcher's log of rank 1's command
     single, double = losses(one_process_run), losses(runs.root / f"pretrain-2p-z{zero_stage}")
-    assert list(double) == list(range(1, 7))
+    assert list(double) == list(range(1, ZERO_TRAIN["max_steps"] + 1))
     # the stage that ran, not the one asked for: one process has nothing to shard and runs ZeRO-0
     metrics = runs.get(f"pretrain-2p-z{zero_stage}").metrics
     assert (metrics["train/zero_stage"], metrics["train/processes"], metrics["train/launcher"]) == (zero_stage, 2, launcher)
@@ -278,3 +293,76 @@ def test_loop_options_train_and_are_recorded(runs, data_run, train):
     if train.get("schedule") == "wsd":  # flat at the peak until the decay window (last 20 %)
         assert lrs[2] == lrs[7] == pytest.approx(run.info["recipe"]["train"]["learning_rate"])
         assert lrs[-1] < lrs[7]
+
+
+# -- Slurm (a real one-machine cluster, tests/slurm_cluster.py) -----------------------------------
+def _wait_for(condition, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = condition()
+        if found:
+            return found
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def _status(run_dir) -> str | None:
+    try:
+        return json.loads((run_dir / "run.json").read_text())["status"]
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def _launch(runs, recipe_args, name, slurm, *extra) -> str:
+    out = subprocess.run([sys.executable, "-m", "smolforge", *recipe_args[2:4], "launch", "pretrain",
+                          *recipe_args[5:], "--set", f"name={name}", "--tasks-per-node", "2", "--time", "10",
+                          "--json", *extra], capture_output=True, text=True, cwd=REPO, env=slurm.env, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout)["slurm_job_id"]
+
+
+@pytest.mark.slow
+def test_slurm_job_signalled_before_its_time_limit_requeues_and_matches_torchrun(runs, data_run, slurm, tmp_path,
+                                                                                   two_rank_runs):
+    """`smolforge launch` → sbatch → srun + torchrun (2 ranks); USR1 as the time limit would send it:
+    checkpoint, stop, requeue, resume; every step's loss equals the local 2-rank torchrun run's."""
+    two_rank_runs(3, "torchrun")
+    reference = runs.root / "pretrain-2p-z3"
+    recipe = write_recipe(tmp_path / "slurm.yaml", runs, "pretrain-slurm", data_run.name,
+                          train={**ZERO_TRAIN, "zero_stage": 3, "micro_batch_size": 4})
+    run_dir = runs.root / "pretrain-slurm"
+    job = _launch(runs, recipe, "pretrain-slurm", slurm)
+    assert _status(run_dir) in ("queued", "running")
+    # as soon as the stage runs (still building its engine): it stops after its first step
+    _wait_for(lambda: _status(run_dir) == "running", 120, "the job to start the stage")
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, env=slurm.env, timeout=30)
+    _wait_for(lambda: _status(run_dir) == "done", 240, "the requeued job to finish")
+    log = (run_dir / "slurm" / f"job-{job}.out").read_text()
+    assert "stop asked (USR1)" in log and f"requeued job {job}" in log
+    stopped, resumed = events(run_dir, "stopped"), events(run_dir, "resume")
+    assert len(stopped) == 1 and len(resumed) == 1 and resumed[0]["step"] == stopped[0]["step"] < ZERO_TRAIN["max_steps"]
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["launch"]["slurm_job_id"] == job and info["metrics"]["train/launcher"] == "slurm-torchrun"
+    assert info["metrics"]["train/resumes"] == 1
+    mine, theirs = losses(run_dir), losses(reference)
+    assert list(mine) == list(theirs)
+    np.testing.assert_allclose(list(mine.values()), list(theirs.values()), rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_scancel_of_a_running_job_never_leaves_the_run_done(runs, data_run, slurm, tmp_path):
+    recipe = write_recipe(tmp_path / "cancel.yaml", runs, "pretrain-cancelled", data_run.name,
+                          train={**ZERO_TRAIN, "max_steps": 2000, "zero_stage": 2, "micro_batch_size": 4})
+    run_dir = runs.root / "pretrain-cancelled"
+    job = _launch(runs, recipe, "pretrain-cancelled", slurm, "--no-requeue")
+    _wait_for(lambda: _status(run_dir) == "running", 120, "the job to start the stage")
+    subprocess.run(["scancel", job], check=True, env=slurm.env, timeout=30)
+    _wait_for(lambda: subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
+                                     env=slurm.env).stdout.strip() == "", 60, "Slurm to end the job")
+    info = json.loads((run_dir / "run.json").read_text())
+    assert info["status"] == "failed", info["status"]
+    assert "terminated by SIGTERM" in info["error"]
+    listed = subprocess.run([sys.executable, "-m", "smolforge", "--runs-dir", str(runs.root), "runs"],
+                            capture_output=True, text=True, env=slurm.env, cwd=REPO, timeout=60)
+    row = next(line for line in listed.stdout.splitlines() if line.startswith("pretrain-cancelled"))
+    assert "failed" in row and job in row
