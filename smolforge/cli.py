@@ -29,6 +29,7 @@ import os
 import sys
 import traceback
 from collections.abc import Sequence
+from pathlib import Path
 
 from smolforge.commands import Context, add_stage_parser, add_tool_parser, close_option, epilog, extra_overrides
 from smolforge.errors import RecipeError, SmolforgeError, Terminated
@@ -186,10 +187,11 @@ def _launch_parser(sub, fmt) -> None:
         "stops,\nthe job requeues itself and the run resumes. `smolforge runs` shows the job's Slurm state.",
         epilog=epilog("smolforge launch pretrain --config recipes/smollm3-1b/pretrain.yaml --nodes 2 "
                       "--gpus-per-node 8 --partition hopper --time 2-00:00:00 --dry-run",
-                      "smolforge launch sft --config recipes/demo/sft.yaml --tasks-per-node 2 --time 30"),
+                      "smolforge launch sft --config recipes/demo/sft.yaml --tasks-per-node 2 --time 30",
+                      "smolforge launch pipeline --config recipes/demo/pipeline.yaml --time 60"),
     )
-    p.add_argument("stage", metavar="STAGE", help="the stage to run (its recipe's 'stage')")
-    p.add_argument("--config", required=True, metavar="FILE", help="stage recipe YAML")
+    p.add_argument("stage", metavar="STAGE", help="the stage to run (its recipe's 'stage'), or 'pipeline'")
+    p.add_argument("--config", required=True, metavar="FILE", help="stage recipe YAML, or a pipeline file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a recipe key (repeatable)")
     p.add_argument("--nodes", type=int, default=1, metavar="N", help="nodes (default 1)")
     p.add_argument("--gpus-per-node", type=int, default=0, metavar="G", help="GPUs, one rank each (default 0: CPU ranks)")
@@ -215,26 +217,53 @@ def _launch_parser(sub, fmt) -> None:
 # --------------------------------------------------------------------------- the spine's commands
 
 
-def _cmd_launch(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
-    from smolforge import recipe as recipes
-    from smolforge.registry import load_stage
-    from smolforge.slurm import SlurmSpec, submit
+def _slurm_spec(args: argparse.Namespace):
+    from smolforge.slurm import SlurmSpec
 
-    stage, data = recipes.load_recipe(args.config, args.set)
-    if stage != args.stage:
-        raise RecipeError(f"{args.config}: recipe is for stage '{stage}', not '{args.stage}'")
-    module = load_stage(stage)
-    recipe = recipes.build_stage_recipe(module, data, source=str(args.config))  # unknown keys fail here, not in the job
     env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise RecipeError(f"--env {item!r}: expected KEY=VALUE")
         env[key] = value
-    spec = SlurmSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
+    return SlurmSpec(nodes=args.nodes, gpus_per_node=args.gpus_per_node, tasks_per_node=args.tasks_per_node,
                      cpus_per_task=args.cpus_per_task, partition=args.partition, time=args.time, account=args.account,
                      qos=args.qos, sbatch=list(args.sbatch), env=env, signal_lead=args.signal_lead,
                      rendezvous=args.rendezvous, requeue=not args.no_requeue)
+
+
+def _launch_pipeline(args: argparse.Namespace, spec, ctx: Context) -> int:
+    """``smolforge launch pipeline --config FILE``: the whole pipeline as one job."""
+    from smolforge.pipeline import load_pipeline
+    from smolforge.slurm import submit_pipeline
+
+    if args.set:
+        raise RecipeError("smolforge launch pipeline takes no --set: put overrides in the pipeline file")
+    load_pipeline(args.config)  # every step checked before anything is submitted
+    script, job_id, folder = submit_pipeline(ctx.runs, Path(args.config), spec, overwrite=args.overwrite,
+                                             dry_run=args.dry_run)
+    if args.dry_run:
+        print(script, end="")
+    elif ctx.json:
+        print(json.dumps({"pipeline": str(args.config), "slurm_job_id": job_id, "script": str(folder / "slurm" / "job.sh")}))
+    else:
+        print(f"submitted job {job_id}: pipeline {args.config} (script: {folder / 'slurm' / 'job.sh'})")
+    return 0
+
+
+def _cmd_launch(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from smolforge import recipe as recipes
+    from smolforge.registry import load_stage
+    from smolforge.slurm import submit
+
+    spec = _slurm_spec(args)
+    if args.stage == "pipeline":
+        return _launch_pipeline(args, spec, ctx)
+    stage, data = recipes.load_recipe(args.config, args.set)
+    if stage != args.stage:
+        raise RecipeError(f"{args.config}: recipe is for stage '{stage}', not '{args.stage}'")
+    module = load_stage(stage)
+    recipe = recipes.build_stage_recipe(module, data, source=str(args.config))  # unknown keys fail here, not in the job
     if not args.dry_run:
         module.validate(recipe, ctx.runs)
     data = {key: value for key, value in data.items() if key != "stage"}

@@ -223,6 +223,9 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
     path = Path(path)
     source = str(path)
     data = load_yaml(path)
+    if "stage" in data and "pipeline" not in data:
+        raise RecipeError(f"{source}: this is a stage recipe; run it with: "
+                          f"smolforge {data['stage']} --config {source}")
     for key in data:
         if key not in PIPELINE_KEYS:
             close = difflib.get_close_matches(str(key), PIPELINE_KEYS, n=1)

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from smolforge.errors import RecipeError, ServiceError
 
-__all__ = ["SlurmSpec", "job_script", "submit", "job_state", "STOP_FILE_ENV", "stop_requested"]
+__all__ = ["SlurmSpec", "job_script", "submit", "submit_pipeline", "job_state", "STOP_FILE_ENV", "stop_requested"]
 
 STOP_FILE_ENV = "SMOLFORGE_STOP_FILE"     # the stage checkpoints and stops once this file exists
 RENDEZVOUS = ("torchrun", "srun")
@@ -73,8 +73,8 @@ class SlurmSpec:
                 raise RecipeError(f"--sbatch {line!r}: give the option as sbatch takes it, e.g. --sbatch=--exclusive")
 
 
-def _sbatch_lines(spec: SlurmSpec, name: str, slurm_dir: Path) -> list[str]:
-    per_node_tasks = 1 if spec.rendezvous == "torchrun" else spec.ranks_per_node
+def _sbatch_lines(spec: SlurmSpec, name: str, slurm_dir: Path, single: bool = False) -> list[str]:
+    per_node_tasks = 1 if spec.rendezvous == "torchrun" or single else spec.ranks_per_node
     lines = [f"--job-name=smolforge-{name}", f"--nodes={spec.nodes}", f"--ntasks-per-node={per_node_tasks}",
              f"--output={slurm_dir}/job-%j.out", "--open-mode=append"]
     if spec.gpus_per_node:
@@ -92,13 +92,16 @@ def _sbatch_lines(spec: SlurmSpec, name: str, slurm_dir: Path) -> list[str]:
 
 
 def job_script(spec: SlurmSpec, smolforge_args: list[str], run_dir: Path, *, name: str,
-               python: str | None = None) -> str:
-    """The batch script that runs ``smolforge <smolforge_args>`` on the allocation, ranks started as ``spec`` says."""
+               python: str | None = None, single: bool = False) -> str:
+    """The batch script that runs ``smolforge <smolforge_args>`` on the allocation, ranks started as
+    ``spec`` says (``single``: one process, e.g. a pipeline whose steps start their own ranks)."""
     python = python or sys.executable
     slurm_dir = run_dir / "slurm"
     args = " ".join(shlex.quote(a) for a in smolforge_args)
     env = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(spec.env.items()))
-    if spec.rendezvous == "torchrun":
+    if single:
+        start = f"srun --ntasks=1 --nodes=1 --kill-on-bad-exit=1 {shlex.quote(python)} -m smolforge {args} &"
+    elif spec.rendezvous == "torchrun":
         start = (f"srun --kill-on-bad-exit=1 --ntasks-per-node=1 {shlex.quote(python)} -m torch.distributed.run \\\n"
                  f"  --nnodes \"$SLURM_JOB_NUM_NODES\" --nproc_per_node {spec.ranks_per_node} \\\n"
                  f"  --rdzv_id \"$SLURM_JOB_ID\" --rdzv_backend c10d --rdzv_endpoint \"$MASTER_ADDR:$MASTER_PORT\" \\\n"
@@ -108,7 +111,7 @@ def job_script(spec: SlurmSpec, smolforge_args: list[str], run_dir: Path, *, nam
                  f"WORLD_SIZE=$SLURM_NTASKS exec {shlex.quote(python)} -m smolforge {args}' &")
     return f"""#!/bin/bash
 # written by smolforge launch; resubmit with: sbatch {slurm_dir}/job.sh
-{chr(10).join(_sbatch_lines(spec, name, slurm_dir))}
+{chr(10).join(_sbatch_lines(spec, name, slurm_dir, single))}
 set -uo pipefail
 export HF_HUB_OFFLINE=${{HF_HUB_OFFLINE:-1}} HF_DATASETS_OFFLINE=${{HF_DATASETS_OFFLINE:-1}} TOKENIZERS_PARALLELISM=false
 {env}export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
@@ -163,18 +166,44 @@ def submit(runs, stage: str, recipe: dict, spec: SlurmSpec, *, overwrite: bool =
         slurm_dir.mkdir(parents=True, exist_ok=True)
         (slurm_dir / "recipe.yaml").write_text(yaml.safe_dump({"stage": stage, **recipe}, sort_keys=False))
         (slurm_dir / "job.sh").write_text(script)
-        try:
-            done = subprocess.run(["sbatch", "--parsable", str(slurm_dir / "job.sh")], capture_output=True,
-                                  text=True, env=_slurm_env(), timeout=60)
-        except FileNotFoundError:
-            raise ServiceError("sbatch not found: smolforge launch needs a Slurm client (slurm-wlm) on PATH") from None
-        if done.returncode != 0:
-            raise ServiceError(f"sbatch refused {slurm_dir / 'job.sh'}: {done.stderr.strip() or done.stdout.strip()}")
-        job_id = done.stdout.strip().split(";")[0]
+        job_id = _sbatch(slurm_dir / "job.sh")
         run.info.update(status="queued", launch={"slurm_job_id": job_id, "script": str(slurm_dir / "job.sh"),
                                                  "nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node})
         write_json_atomic(run.json_path, run.info)
     return script, job_id
+
+
+def submit_pipeline(runs, pipeline_file: Path, spec: SlurmSpec, *, overwrite: bool = False, dry_run: bool = False,
+                    python: str | None = None) -> tuple[str, str | None, Path]:
+    """Submit ``smolforge pipeline FILE`` as one job: its steps run in order inside the allocation, each
+    started as its own ``launch:`` says. The script and ``launch.json`` (the job id) go to
+    ``<runs>/.launch/<pipeline name>/slurm/``. Returns ``(script, job id or None, that folder)``."""
+    from smolforge.runs import utc_now, write_json_atomic
+
+    spec.check()
+    folder = (runs.root / ".launch" / Path(pipeline_file).stem).resolve()
+    args = ["--runs-dir", str(runs.root.resolve()), "pipeline", str(Path(pipeline_file).resolve())]
+    args += ["--overwrite"] if overwrite else []
+    script = job_script(spec, args, folder, name=f"pipeline-{Path(pipeline_file).stem}", python=python, single=True)
+    if dry_run:
+        return script, None, folder
+    (folder / "slurm").mkdir(parents=True, exist_ok=True)
+    (folder / "slurm" / "job.sh").write_text(script)
+    job_id = _sbatch(folder / "slurm" / "job.sh")
+    write_json_atomic(folder / "slurm" / "launch.json", {"slurm_job_id": job_id, "pipeline": str(pipeline_file),
+                                                         "submitted_at": utc_now()})
+    return script, job_id, folder
+
+
+def _sbatch(script: Path) -> str:
+    try:
+        done = subprocess.run(["sbatch", "--parsable", str(script)], capture_output=True, text=True,
+                              env=_slurm_env(), timeout=60)
+    except FileNotFoundError:
+        raise ServiceError("sbatch not found: smolforge launch needs a Slurm client (slurm-wlm) on PATH") from None
+    if done.returncode != 0:
+        raise ServiceError(f"sbatch refused {script}: {done.stderr.strip() or done.stdout.strip()}")
+    return done.stdout.strip().split(";")[0]
 
 
 def job_state(job_id: str) -> str | None:

@@ -103,3 +103,12 @@ def test_a_trl_stage_asked_to_stop_checkpoints_and_the_next_start_resumes(runs, 
     logged = [json.loads(line) for line in done.metrics_path.read_text().splitlines()]
     steps = [entry["step"] for entry in logged if "loss" in entry]
     assert steps == [1, 2, 3, 4]
+
+
+def test_a_pipeline_is_one_job_whose_steps_start_their_own_ranks(tmp_path, capsys):
+    assert main(launch(tmp_path, "pipeline", "--config", str(DEMO / "pipeline.yaml"), "--time", "60", "--dry-run")) == 0
+    script = capsys.readouterr().out
+    assert "#SBATCH --ntasks-per-node=1" in script and "torch.distributed.run" not in script
+    assert f"-m smolforge --runs-dir {tmp_path / 'runs'} pipeline {DEMO / 'pipeline.yaml'} &" in script
+    assert main(launch(tmp_path, "pipeline", "--config", str(DEMO / "sft.yaml"), "--dry-run")) == 2
+    assert "this is a stage recipe" in capsys.readouterr().err
