@@ -164,6 +164,9 @@ def summary_markdown(card: dict) -> str:
     """The card as Markdown: sources, counts, tokens, filters, dedup, decontamination, mixture."""
     kinds = card["kinds"]
     out = [f"# Data card: {card['name']}", ""]
+    executor = card.get("executor")
+    if executor:
+        out += [executor_line(executor), ""]
     if kinds:
         out += ["## Rows", ""]
         rows = []
@@ -231,10 +234,33 @@ def summary_markdown(card: dict) -> str:
                     f"({100 * p['efficiency']:.1f} % of the tokens; each domain's tail is dropped)."]
     if card.get("tokenizer"):
         out += [f"Tokenizer: {card['tokenizer']['path']}, {card['tokenizer']['vocab_size']:,} tokens."]
+    changes = (executor or {}).get("rule_changes")
+    if changes:
+        out += ["", "## Rule changes (datatrove path vs inline)", ""]
+        out += _table(["rule", "how datatrove's version differs"], [[r, t] for r, t in changes.items()])
+        out += ["", "Every removed row and its rule: reports/removed-<kind>.jsonl."]
     if card.get("fingerprints"):
         out += ["", "## Fingerprints", ""]
         out += [f"- `{name}`: `{value}`" for name, value in card["fingerprints"].items()]
     return "\n".join(out) + "\n"
+
+
+def executor_line(executor: dict) -> str:
+    """One sentence: which executor ran, with how many tasks.
+
+    >>> executor_line({"executor": "slurm", "tasks": 2, "workers": -1, "engine": "datatrove 0.10.1",
+    ...                "slurm_jobs": {"filter": "7", "dedup": "10"}})
+    'Executor: slurm (datatrove 0.10.1), 2 tasks, workers -1; Slurm jobs filter 7, dedup 10.'
+    >>> executor_line({"executor": "inline", "tasks": 1, "workers": 1})
+    'Executor: inline (one process pool), 1 task, workers 1.'
+    """
+    engine = executor.get("engine", "one process pool")
+    tasks = executor["tasks"]
+    line = f"Executor: {executor['executor']} ({engine}), {tasks} task{'s' if tasks != 1 else ''}, workers {executor['workers']}"
+    jobs = executor.get("slurm_jobs")
+    if jobs:
+        line += "; Slurm jobs " + ", ".join(f"{stage} {job}" for stage, job in jobs.items())
+    return line + "."
 
 
 def write_summary(path: Path, card: dict) -> None:

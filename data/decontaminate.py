@@ -56,6 +56,7 @@ class EvalIndex:
     sources: dict[str, tuple[str, str, int]] = field(default_factory=dict)
     short: dict[str, tuple[str, str, int]] = field(default_factory=dict)  # whole items of < n words
     short_lengths: set[int] = field(default_factory=set)  # word counts of the short items
+    _starts: set | None = field(default=None, init=False, repr=False, compare=False)  # first two words of each key
 
     @classmethod
     def from_suites(cls, folders: list[str | Path], n: int = 13, min_words: int = 8) -> "EvalIndex":
@@ -77,15 +78,29 @@ class EvalIndex:
             target.setdefault(gram, source)
 
     def match(self, text: str) -> tuple[str, str, int] | None:
+        """The item of the first indexed n-gram in ``text`` (by position), else of the first short
+        item held whole (shortest first); None when there is none. Windows are joined and looked up
+        only where their first two words start some indexed key (most positions start none)."""
         words = normalise(text).split()
-        for gram in ngrams(words, self.n):
-            if gram in self.sources:
-                return self.sources[gram]
+        if self._starts is None:
+            self._starts = {tuple(key.split(" ", 2)[:2]) for table in (self.sources, self.short) for key in table}
+        starts, count = self._starts, len(words)
+        if count < self.n:
+            whole = " ".join(words)
+            if words and whole in self.sources:
+                return self.sources[whole]
+        else:
+            for i in range(count - self.n + 1):
+                if self.n < 2 or (words[i], words[i + 1]) in starts:
+                    hit = self.sources.get(" ".join(words[i:i + self.n]))
+                    if hit:
+                        return hit
         for length in sorted(self.short_lengths):
-            for i in range(len(words) - length + 1):
-                hit = self.short.get(" ".join(words[i:i + length]))
-                if hit:
-                    return hit
+            for i in range(count - length + 1):
+                if length < 2 or (words[i], words[i + 1]) in starts:
+                    hit = self.short.get(" ".join(words[i:i + length]))
+                    if hit:
+                        return hit
         return None
 
 

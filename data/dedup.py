@@ -1,8 +1,8 @@
 """Deduplication: exact (normalised hash), near-duplicate (MinHash-LSH), and paragraph-level.
 
-datasketch does the MinHash and the LSH index, in-process with a worker pool for hashing.
-datatrove's 4-stage pipeline was measured at the same recall and about the same speed, with
-more moving parts (spaCy tokenizer, xxhash<4, re-imported workers); see docs/stack.md.
+datasketch does the MinHash and the LSH index, in-process with a worker pool for hashing
+(``executor: inline``). With ``executor: local`` or ``slurm`` the same shingles and banding run on
+datatrove's four MinHash stages instead (:mod:`smolforge.data.datatrove_pipeline`).
 
 **Units.** The playbook says "over 90 % similar is a duplicate", but that is not a 0.9 Jaccard
 threshold on word 5-shingles. Editing 2–5 % of a document's words already drops its 5-shingle
@@ -42,6 +42,8 @@ class DedupSpec:
     rows: int = 5                 # rows per band
     seed: int = 1                 # MinHash seed
     workers: int = 1              # processes that compute MinHashes
+    clusters: str = "first"       # first: a document sharing a band with an earlier kept one goes (inline's rule);
+                                  # connected: datatrove's MinhashDedupCluster keeps one per connected group (local/slurm)
 
 
 @dataclass

@@ -113,6 +113,8 @@ class FilterSpec:
     dup_ngram_char_frac: dict | None = field(default_factory=_dup_default)  # n -> max share covered by duplicated n-grams
     language: str | None = None                # langdetect code ("en", "de", "zh-cn"); None: any language
     min_language_score: float = 0.65           # langdetect probability of ``language`` needed
+    c4: bool = False                           # datatrove's C4QualityFilter too (executor: local or slurm)
+    fineweb: bool = False                      # datatrove's FineWebQualityFilter too (executor: local or slurm)
 
 
 # ---- measurements ---------------------------------------------------------------------------------
@@ -367,8 +369,9 @@ def _ngram_table(name: str, table) -> None:
 
 def validate(spec: FilterSpec) -> None:
     """Raise RecipeError naming the field (``filters.<field>``) of the first nonsense value."""
-    if not isinstance(spec.enabled, bool):
-        raise RecipeError(f"filters.enabled must be true or false, got {spec.enabled!r}")
+    for name in ("enabled", "c4", "fineweb"):
+        if not isinstance(getattr(spec, name), bool):
+            raise RecipeError(f"filters.{name} must be true or false, got {getattr(spec, name)!r}")
     for name in ("min_words", "max_words", "min_stop_words"):
         _number(name, getattr(spec, name), integer=True)
     for name in ("min_mean_word_length", "max_mean_word_length", "max_symbol_word_ratio"):

@@ -23,11 +23,17 @@ Then, streaming:
 
 ``validate`` reads every source row once before a run folder exists, so bad input with
 ``on_error: fail`` never leaves a half-written run.
+
+``executor: inline`` (the default) runs steps 2–4 in this process and ``dedup.workers`` helpers;
+``executor: local`` (``tasks``, ``workers``) or ``slurm`` (array jobs, ``slurm:`` settings) runs them
+as a datatrove pipeline (:mod:`smolforge.data.datatrove_pipeline`); step 5 and the card are the same.
 """
 from __future__ import annotations
 
 import difflib
 import json
+import os
+import re
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -77,6 +83,18 @@ class TokenizerSpec:
 
 
 @dataclass
+class SlurmSpec:
+    partition: str = "debug"       # partition the array jobs go to
+    time: str = "01:00:00"         # time limit of each job (HH:MM:SS)
+    venv: str | None = None        # virtualenv the jobs activate (folder or bin/activate); None: the running one
+    cpus_per_task: int = 1         # CPUs per datatrove task
+    mem_per_cpu_gb: int = 2        # memory per CPU
+
+
+EXECUTORS = ("inline", "local", "slurm")
+
+
+@dataclass
 class Recipe:
     name: str = "data-demo"        # run name
     world: WorldSpec = field(default_factory=WorldSpec)
@@ -90,6 +108,11 @@ class Recipe:
     tokenizer: TokenizerSpec = field(default_factory=TokenizerSpec)
     rows_per_shard: int = 50_000   # rows per data/<kind>/part-*.jsonl
     progress: bool = True          # progress bars on stderr
+    executor: str = "inline"       # inline: one process pool; local | slurm: a datatrove pipeline (docs/data.md)
+    tasks: int = 1                 # datatrove tasks: each kind is split into this many parts (local, slurm)
+    workers: int = 1               # datatrove tasks running at once (local: processes; slurm: -1 = no limit)
+    logging_dir: str = "datatrove/logs"   # datatrove's logs, stats and Slurm output, inside the run folder
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)   # executor: slurm only
 
 
 # --------------------------------------------------------------------------- recipe checks
@@ -143,11 +166,74 @@ def _check_numbers(recipe: Recipe) -> None:
         (recipe.tokenizer.vocab_size >= 300,
          f"tokenizer.vocab_size must be at least 300 (256 bytes + specials), got {recipe.tokenizer.vocab_size}"),
     ]
+    checks += _executor_checks(recipe)
     for ok, message in checks:
         if not ok:
             raise RecipeError(message)
     if recipe.tokenizer.path is not None and not (Path(recipe.tokenizer.path) / "tokenizer_config.json").is_file():
         raise RecipeError(f"tokenizer.path {recipe.tokenizer.path}: not a tokenizer folder (no tokenizer_config.json)")
+
+
+def _executor_checks(recipe: Recipe) -> list[tuple[bool, str]]:
+    if recipe.executor not in EXECUTORS:
+        close = difflib.get_close_matches(str(recipe.executor), EXECUTORS, n=1)
+        hint = f" (did you mean '{close[0]}'?)" if close else ""
+        return [(False, f"executor is {recipe.executor!r}{hint}; expected inline, local or slurm")]
+    f, s = recipe.filters, recipe.slurm
+    inline = recipe.executor == "inline"
+    log = Path(recipe.logging_dir)
+    return [
+        (recipe.tasks >= 1, f"tasks must be at least 1, got {recipe.tasks}"),
+        (recipe.workers >= 1 or (recipe.executor == "slurm" and recipe.workers == -1),
+         f"workers must be at least 1 (or -1 with executor: slurm), got {recipe.workers}"),
+        (not log.is_absolute() and ".." not in log.parts and str(log) not in ("", "."),
+         f"logging_dir {recipe.logging_dir!r} must be a folder inside the run folder (a relative path)"),
+        (recipe.dedup.clusters in ("first", "connected"),
+         f"dedup.clusters is {recipe.dedup.clusters!r}; expected first or connected"),
+        (not inline or recipe.dedup.clusters == "first",
+         "dedup.clusters: connected is datatrove's MinhashDedupCluster: set executor: local or slurm"),
+        (inline or not recipe.dedup.paragraphs,
+         "dedup.paragraphs (corpus-wide paragraph dedup) runs on executor: inline only"),
+        (not inline or not (f.c4 or f.fineweb),
+         "filters.c4 and filters.fineweb are datatrove's filters: set executor: local or slurm"),
+        (recipe.executor != "local" or recipe.workers <= recipe.tasks,
+         f"workers ({recipe.workers}) exceeds tasks ({recipe.tasks})"),
+        (s.cpus_per_task >= 1 and s.mem_per_cpu_gb >= 1, "slurm.cpus_per_task and slurm.mem_per_cpu_gb must be >= 1"),
+        (bool(re.fullmatch(r"(\d+-)?\d+(:\d{2}){0,2}", str(s.time))),
+         f"slurm.time {s.time!r}: expected [D-]HH:MM:SS, e.g. 01:00:00"),
+    ]
+
+
+def _slurm_ready(recipe: Recipe) -> None:
+    """executor: slurm needs sbatch/squeue on PATH, a reachable controller and a venv to activate."""
+    for tool in ("sbatch", "squeue", "scancel", "sinfo"):
+        if shutil.which(tool) is None:
+            raise RecipeError(f"executor: slurm needs '{tool}' on PATH (install Slurm's client tools)")
+    venv = _venv_activate(recipe.slurm.venv)
+    if recipe.slurm.venv is not None and venv is None:
+        raise RecipeError(f"slurm.venv {recipe.slurm.venv}: no bin/activate there (expected a virtualenv)")
+    import subprocess
+
+    probe = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        hint = "" if os.environ.get("SLURM_CONF") else " (SLURM_CONF is not set)"
+        raise RecipeError(f"executor: slurm: cannot reach the Slurm controller{hint}: {probe.stderr.strip()[:200]}")
+    partitions = {p.rstrip("*") for p in probe.stdout.split()}
+    if recipe.slurm.partition not in partitions:
+        raise RecipeError(f"slurm.partition '{recipe.slurm.partition}' is not a partition of this cluster "
+                          f"({', '.join(sorted(partitions)) or 'none'})")
+
+
+def _venv_activate(venv: str | None) -> str | None:
+    """The activate script for ``venv`` (a venv folder or its bin/activate); the running venv's for None."""
+    if venv is None:
+        from .datatrove_pipeline import default_venv
+
+        return default_venv()
+    path = Path(venv)
+    if path.is_dir():
+        path = path / "bin" / "activate"
+    return str(path.resolve()) if path.is_file() else None
 
 
 def known_domains(recipe: Recipe, sources: dict[str, list[Source]]) -> set[str] | None:
@@ -162,6 +248,13 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     """Every check that can fail before a run folder exists, including every source row."""
     _check_numbers(recipe)
     QualityFilter(recipe.filters)
+    if recipe.executor != "inline":
+        import importlib.util
+
+        if importlib.util.find_spec("datatrove") is None or importlib.util.find_spec("orjson") is None:
+            raise RecipeError(f"executor: {recipe.executor} needs datatrove and orjson: pip install datatrove orjson")
+    if recipe.executor == "slurm":
+        _slurm_ready(recipe)
     sources = parse_sources(recipe)
     if recipe.decontaminate.enabled:
         suites_to_check(recipe.decontaminate)
@@ -237,20 +330,24 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         reports = run.path / "reports"
         card: dict = {"name": recipe.name, "on_error": recipe.on_error, "kinds": {},
                       "decontamination_suites": {n: str(p) for n, p in suites.items()}}
-        bad_rows: dict[str, BadRows] = {}
+        bad_rows: dict[str, BadRows] = {kind: BadRows() for kind in KINDS}
+        labels: dict[str, list[dict]] = {kind: [] for kind in KINDS}
+        if recipe.executor == "inline":
+            for kind in KINDS:
+                spec = ProcessSpec(filters=recipe.filters if kind == "pretrain" else None,
+                                   dedup=recipe.dedup if kind == "pretrain" else
+                                   DedupSpec(exact=recipe.dedup.exact, near=False, paragraphs=False),
+                                   index=index, decontam_action=recipe.decontaminate.action,
+                                   rows_per_shard=recipe.rows_per_shard)
+                card["kinds"][kind] = process_kind(kind, _rows_of(kind, recipe, sources, bad_rows[kind], labels[kind]),
+                                                   run.path / "data" / kind, spec, reports_folder=reports,
+                                                   progress=recipe.progress)
+            card["executor"] = {"executor": "inline", "tasks": 1, "workers": recipe.dedup.workers}
+        else:
+            card["kinds"], card["executor"] = _datatrove(recipe, run, sources, index, bad_rows, labels)
         for kind in KINDS:
-            bad = bad_rows[kind] = BadRows()
-            labels: list[dict] = []
-            spec = ProcessSpec(filters=recipe.filters if kind == "pretrain" else None,
-                               dedup=recipe.dedup if kind == "pretrain" else
-                               DedupSpec(exact=recipe.dedup.exact, near=False, paragraphs=False),
-                               index=index, decontam_action=recipe.decontaminate.action,
-                               rows_per_shard=recipe.rows_per_shard)
-            report = process_kind(kind, _rows_of(kind, recipe, sources, bad, labels), run.path / "data" / kind,
-                                  spec, reports_folder=reports, progress=recipe.progress)
-            report["sources"] = labels
-            report["bad_rows"] = bad.as_dict()
-            card["kinds"][kind] = report
+            card["kinds"][kind]["sources"] = labels[kind]
+            card["kinds"][kind]["bad_rows"] = bad_rows[kind].as_dict()
         cards.write_bad_rows(reports / "bad_rows.jsonl", bad_rows)
         tokenizer = _tokenizer(recipe, run, kind_files)
         card["tokenizer"] = {"path": recipe.tokenizer.path or "trained on the kept pretrain + sft text",
@@ -280,6 +377,36 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         run.info["data_fingerprints"] = fingerprints
         run.finish(metrics=cards.metrics(card))
     return run
+
+
+def _datatrove(recipe: Recipe, run: Run, sources, index, bad_rows, labels) -> tuple[dict, dict]:
+    """Every kind through datatrove's executors (:mod:`smolforge.data.datatrove_pipeline`)."""
+    from . import datatrove_pipeline as dt
+
+    settings = dt.Settings(executor=recipe.executor, tasks=recipe.tasks, workers=recipe.workers,
+                           filters=recipe.filters, dedup=recipe.dedup, index=index,
+                           decontam_action=recipe.decontaminate.action, job_name=f"smolforge-{recipe.name}",
+                           partition=recipe.slurm.partition, time=str(recipe.slurm.time),
+                           venv=_venv_activate(recipe.slurm.venv) if recipe.executor == "slurm" else None,
+                           cpus_per_task=recipe.slurm.cpus_per_task, mem_per_cpu_gb=recipe.slurm.mem_per_cpu_gb)
+    rows = ((kind, _rows_of(kind, recipe, sources, bad_rows[kind], labels[kind])) for kind in KINDS)
+    reports, info = dt.process(rows, run.path, settings, logging_dir=recipe.logging_dir,
+                               rows_per_shard=recipe.rows_per_shard)
+    folder = run.path / "reports"
+    folder.mkdir(parents=True, exist_ok=True)
+    for kind, report in reports.items():
+        removed = report.pop("removed")
+        with (folder / f"removed-{kind}.jsonl").open("w", encoding="utf-8") as handle:
+            for item in removed:
+                handle.write(json.dumps(item, ensure_ascii=False) + "\n")
+        hits = report["decontamination"]
+        if hits["hits"]:
+            with (folder / f"decontamination-{kind}.jsonl").open("w", encoding="utf-8") as handle:
+                for hit in report.pop("hit_list"):
+                    handle.write(json.dumps(hit) + "\n")
+        report.pop("hit_list", None)
+    info["rule_changes"] = dt.rule_changes(recipe.filters, recipe.dedup)
+    return reports, info
 
 
 def _tokenizer(recipe: Recipe, run: Run, kind_files):
