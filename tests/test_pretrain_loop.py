@@ -352,17 +352,26 @@ def test_slurm_job_signalled_before_its_time_limit_requeues_and_matches_torchrun
 @pytest.mark.slow
 def test_scancel_of_a_running_job_never_leaves_the_run_done(runs, data_run, slurm, tmp_path):
     recipe = write_recipe(tmp_path / "cancel.yaml", runs, "pretrain-cancelled", data_run.name,
-                          train={**ZERO_TRAIN, "max_steps": 2000, "zero_stage": 2, "micro_batch_size": 4})
+                          train={**ZERO_TRAIN, "max_steps": 2000, "zero_stage": 2, "micro_batch_size": 4},
+                          checkpoint={"every_steps": 5})
     run_dir = runs.root / "pretrain-cancelled"
     job = _launch(runs, recipe, "pretrain-cancelled", slurm, "--no-requeue")
-    _wait_for(lambda: _status(run_dir) == "running", 120, "the job to start the stage")
+    # in the training loop: SIGTERM then reaches Python between steps (a rank still starting up may sit in
+    # a C call past Slurm's KillWait and be SIGKILLed, leaving the run `running`: unfinished, not done)
+    _wait_for(lambda: run_dir.joinpath("metrics.jsonl").is_file() and max(losses(run_dir), default=0) > 5, 120,
+              "the first checkpoint")
     subprocess.run(["scancel", job], check=True, env=slurm.env, timeout=30)
     _wait_for(lambda: subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
                                      env=slurm.env).stdout.strip() == "", 60, "Slurm to end the job")
     info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] == "failed", info["status"]
-    assert "terminated by SIGTERM" in info["error"]
+    assert info["status"] != "done"
+    if info["status"] == "failed":  # the rank that unwound first wrote why: SIGTERM, or its peer's lost connection
+        assert info["error"], info
+    else:  # a rank SIGKILLed inside a C call after KillWait: unfinished, and resumable from its checkpoint
+        from smolforge.pretrain.checkpoint import newest_valid
+
+        assert info["status"] == "running" and newest_valid(run_dir / "checkpoints") is not None
     listed = subprocess.run([sys.executable, "-m", "smolforge", "--runs-dir", str(runs.root), "runs"],
                             capture_output=True, text=True, env=slurm.env, cwd=REPO, timeout=60)
     row = next(line for line in listed.stdout.splitlines() if line.startswith("pretrain-cancelled"))
-    assert "failed" in row and job in row
+    assert info["status"] in row and job in row
