@@ -401,8 +401,9 @@ class _NoRun:
 
     def __exit__(self, exc_type, exc, tb) -> bool:
         if exc_type is not None and (self.path / "run.json").is_file():
-            message = str(exc)
-            Run(self.path).fail(f"rank {self.rank}: {exc_type.__name__}" + (f": {message}" if message else ""))
+            from .ranks import fail_from_rank
+
+            fail_from_rank(Run(self.path), self.rank, exc)
         return False
 
     def log(self, step, **values) -> None:

@@ -102,9 +102,14 @@ def start_run(runs: Runs, stage: str, recipe: Any, parents: list[Run], data_fing
     try:
         yield run, resume_from
     except BaseException as exc:
-        message = str(exc)
-        run.fail(f"rank {state.process_index}: {type(exc).__name__}" + (f": {message}" if message else ""))
+        fail_from_rank(run, state.process_index, exc)
         raise
+
+
+def fail_from_rank(run: Run, rank: int, exc: BaseException) -> None:
+    """Mark ``run`` failed with ``rank N: <ExcType>: <message>`` (the first failure recorded wins)."""
+    message = str(exc)
+    run.fail(f"rank {rank}: {type(exc).__name__}" + (f": {message}" if message else ""))
 
 
 def stop_on_request():

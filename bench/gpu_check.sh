@@ -113,7 +113,7 @@ part grpo_colocate "$PY" -m torch.distributed.run --standalone --nproc_per_node 
 GRPO=$("$PY" -c "import json,sys; m=json.load(open(sys.argv[1]))['metrics']; print(json.dumps({k: m.get(k) for k in ('rl/generation','train/steps','rl/heldout_reward_after')}))" "$ROOT/runs/grpo-1b/run.json" 2>>"$LOG") || GRPO=null
 
 # 5. smolforge serve in bf16 against HF in bf16 ------------------------------------------------------
-PORT=$("$PY" -c "from smolforge.launchers import free_port; print(free_port())")
+PORT=$("$PY" -c "from smolforge.processes import free_port; print(free_port())")
 "${SF[@]}" serve sft-1b --port "$PORT" --max-model-len 1024 -- --dtype bfloat16 >>"$LOG" 2>&1 &
 SERVE_PID=$!
 say "serve-bf16 (pid $SERVE_PID, port $PORT)"

@@ -17,14 +17,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import os
-import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from smolforge.errors import RecipeError
+from smolforge.processes import free_port
 
-__all__ = ["LAUNCHERS", "LaunchSpec", "launch_command", "launch_info", "free_port"]
+__all__ = ["LAUNCHERS", "LaunchSpec", "launch_command", "launch_info"]
 
 LAUNCHERS = ("torchrun", "deepspeed", "accelerate")
 LAUNCHER_ENV = "SMOLFORGE_LAUNCHER"
@@ -62,13 +62,6 @@ class LaunchSpec:
                 raise RecipeError(f"{where} launch: config file {path} not found")
             spec.config = str(path.resolve())
         return spec
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 nobody listens on right now (for the ranks' rendezvous)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch_command(spec: LaunchSpec, smolforge_args: Sequence[str], *, python: str | None = None,
