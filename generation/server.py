@@ -66,7 +66,7 @@ from pathlib import Path
 from typing import Any
 
 from smolforge.errors import ServiceError
-from smolforge.processes import free_port, http_ok, log_tail, stop_group, wait_until_ready
+from smolforge.processes import free_port, http_ok, log_tail, port_taken, stop_group, wait_until_ready
 
 from .backends import cuda_present
 from .client import Client
@@ -120,6 +120,7 @@ class VLLMServer:
         self.served_name = served_name
         self.host = host
         self.port = port or free_port(host)
+        self.port_chosen = port is None        # ours to change when another process takes it first
         self.max_model_len = max_model_len
         self.dev_mode = dev_mode
         self.gpu_memory_utilization = gpu_memory_utilization   # GPU only: vLLM's share of the card
@@ -156,14 +157,25 @@ class VLLMServer:
             raise ServiceError(f"{self.model_dir}: not a model folder (no config.json); cannot serve it")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         started = time.perf_counter()
-        with open(self.log_path, "ab") as log_file:
-            self.process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT,
-                                            env=server_env(dev_mode=self.dev_mode), start_new_session=True)
-        try:
-            self.wait_ready(started)
-        except BaseException:
-            self.stop()
-            raise
+        for attempt in range(3):
+            log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
+            with open(self.log_path, "ab") as log_file:
+                self.process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT,
+                                                env=server_env(dev_mode=self.dev_mode), start_new_session=True)
+            try:
+                self.wait_ready(started)
+                break
+            except ServiceError:
+                self.stop()
+                # the port we picked was taken before vLLM bound it: pick another (a port the caller
+                # chose is theirs to change, so that stays an error)
+                if not (self.port_chosen and attempt < 2 and self.process.poll() is not None
+                        and port_taken(self.log_path, since=log_start)):
+                    raise
+                self.port = free_port(self.host)
+            except BaseException:
+                self.stop()
+                raise
         self.ready_s = time.perf_counter() - started
         return self
 

@@ -13,6 +13,7 @@ Servers are started with ``start_new_session=True`` so that a process's group id
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -28,11 +29,51 @@ from typing import TextIO
 from .errors import ServiceError
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port nobody listens on right now."""
+def ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default where unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[:2]
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def free_port(host: str = "127.0.0.1", *, tries: int = 64) -> int:
+    """A TCP port nobody listens on right now, chosen below the kernel's ephemeral range.
+
+    A server binds the port it is given seconds later (vLLM after its imports); a port from the
+    ephemeral range can be taken meanwhile by any outgoing connection on the machine, so the
+    choice is a random free port from 20000 up to that range's start (port 0's pick as a fallback).
+    """
+    low = ephemeral_range()[0]
+    picker = random.SystemRandom()
+    for _ in range(tries if low > 20000 + 1000 else 0):
+        port = picker.randrange(20000, low)
+        with socket.socket() as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def port_taken(log: str | Path, since: int = 0) -> bool:
+    r"""Whether a server's log, from byte ``since`` on, shows its bind failing on a port in use.
+
+    >>> import tempfile
+    >>> log = Path(tempfile.mkstemp()[1]); _ = log.write_text("OSError: [Errno 98] Address already in use\n")
+    >>> port_taken(log), port_taken(log, since=log.stat().st_size), port_taken("/no/such.log")
+    (True, False, False)
+    """
+    try:
+        with open(log, "rb") as text:
+            text.seek(since)
+            return b"Address already in use" in text.read()[-8192:]
+    except OSError:
+        return False
 
 
 def http_text(url: str, timeout: float = 2.0) -> str | None:

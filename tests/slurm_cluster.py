@@ -17,11 +17,12 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from smolforge.processes import free_port
 
 PARTITION = "debug"
 
@@ -30,12 +31,6 @@ def slurm_available() -> str | None:
     """None when slurmctld, slurmd and the client tools are installed; else what is missing."""
     missing = [t for t in ("slurmctld", "slurmd", "sbatch", "squeue", "sinfo", "scontrol") if shutil.which(t) is None]
     return f"Slurm is not installed (missing {', '.join(missing)}; make setup installs slurm-wlm)" if missing else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -76,8 +71,8 @@ def write_conf(root: Path) -> tuple[Path, int]:
     conf.write_text("\n".join([
         "ClusterName=smolforge-test",
         f"SlurmctldHost={host}(127.0.0.1)",
-        f"SlurmctldPort={_free_port()}",
-        f"SlurmdPort={_free_port()}",
+        f"SlurmctldPort={free_port()}",
+        f"SlurmdPort={free_port()}",
         "AuthType=auth/none",              # throwaway test cluster only (insecure)
         "CredType=cred/none",
         "SlurmUser=root",

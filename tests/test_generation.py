@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import http.server
 import json
+import socket
+import sys
 import threading
 
 import pytest
@@ -160,3 +162,39 @@ def test_client_errors_name_the_url_never_the_prompt_or_the_key(scripted_server,
 def test_client_says_when_nothing_listens():
     with pytest.raises(ServiceError, match=r"^GET http://127.0.0.1:9/v1/models: cannot connect"):
         Client("http://127.0.0.1:9/v1", retries=1, backoff=0.01).get("/models")
+
+
+class FileServer:
+    """A stand-in server process: ``http.server`` serving a folder whose ``health`` file answers 200."""
+
+    def __init__(self, folder):
+        self.folder = folder
+
+    def command(self, server):
+        return [sys.executable, "-m", "http.server", str(server.port), "--bind", server.host,
+                "--directory", str(self.folder)]
+
+
+def test_vllm_server_picks_another_port_when_its_pick_is_taken_before_it_binds(tmp_path, monkeypatch):
+    from smolforge.generation import server as server_module
+
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "health").write_text("ok")
+    stand_in = FileServer(tmp_path)
+    with socket.socket() as holder:               # another process took the port we picked
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        picks = iter([taken, server_module.free_port()])
+        monkeypatch.setattr(server_module, "free_port", lambda host="127.0.0.1": next(picks))
+        monkeypatch.setattr(server_module.VLLMServer, "command", lambda self, cpu=None: stand_in.command(self))
+        server = server_module.VLLMServer(tmp_path, log_path=tmp_path / "server.log", ready_timeout=30)
+        assert server.port == taken
+        with server:
+            assert server.port != taken and server.healthy()
+        assert (tmp_path / "server.log").read_text().count("Address already in use") == 1
+
+        # a port the caller asked for stays theirs: the error says why, no second try
+        asked = server_module.VLLMServer(tmp_path, port=taken, log_path=tmp_path / "asked.log", ready_timeout=30)
+        with pytest.raises(ServiceError, match="Address already in use"):
+            asked.start()

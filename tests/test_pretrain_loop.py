@@ -25,14 +25,6 @@ from smolforge.runs import Run
 QUIET = {"tracking": {"report_to": ["none"]}}
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def losses(run_dir) -> dict[int, float]:
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return {m["step"]: m["loss"] for m in lines if "loss" in m}

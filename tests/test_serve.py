@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -12,7 +13,7 @@ import urllib.request
 
 import pytest
 
-from smolforge.processes import free_port
+from smolforge.processes import ephemeral_range
 
 from conftest import needs_vllm  # noqa: E402
 
@@ -33,12 +34,13 @@ def get_json(url: str):
 
 @needs_vllm
 def test_serve_answers_health_models_and_completions_then_stops_on_sigterm(runs, sft_run):
-    port = free_port()
-    cli = smolforge(runs.root, "serve", sft_run.name, "--port", str(port), "--max-model-len", "128")
+    cli = smolforge(runs.root, "serve", sft_run.name, "--max-model-len", "128")
     try:
         line = cli.stdout.readline()                     # blocks until ready (or the CLI ends)
-        assert line.startswith(f"serving {sft_run.name} as '{sft_run.name}' at http://127.0.0.1:{port}/v1"), \
+        assert re.match(rf"serving {sft_run.name} as '{sft_run.name}' at http://127\.0\.0\.1:\d+/v1", line), \
             line + cli.stderr.read()
+        port = int(line.split("http://127.0.0.1:")[1].split("/")[0])   # picked below the ephemeral range
+        assert port < ephemeral_range()[0]
         server_pid = int(line.split("(pid ")[1].split(",")[0])
         status, _ = get_json(f"http://127.0.0.1:{port}/health")
         assert status == 200
