@@ -58,10 +58,10 @@ demo: setup
 	$(VENV)/bin/smolforge pipeline recipes/demo/human_loop.yaml --overwrite
 
 test: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-fast: setup
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow" tests
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 clean:
 	rm -rf runs .pytest_cache

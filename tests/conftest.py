@@ -8,6 +8,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import shutil
+import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -84,19 +86,24 @@ def chain_root(tmp_path_factory) -> Path:
     return (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "chain"
 
 
-def chain_run(stage: str, runs: Runs, chain_root: Path):
-    """Run ``stage`` of the shared chain (trained by whichever worker asks first), copied into ``runs``."""
+def shared_run(name: str, runs: Runs, chain_root: Path, build: Callable[[Runs], object]):
+    """Run ``name``, built once per session by whichever worker asks first (``build(Runs(chain_root))``,
+    under a lock of its own), then copied into this worker's ``runs``."""
     from filelock import FileLock
 
-    name = tiny_recipe(stage).name
     chain_root.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(chain_root / ".lock")):
+    with FileLock(str(chain_root / f".{name}.lock")):
         built = (chain_root / name / "run.json").is_file() and Runs(chain_root).get(name, require_done=False)
         if not built or built.status != "done":
-            run_stage(stage, Runs(chain_root))
+            build(Runs(chain_root))
     if not (runs.root / name).exists():
         shutil.copytree(chain_root / name, runs.root / name)
     return runs.get(name)
+
+
+def chain_run(stage: str, runs: Runs, chain_root: Path):
+    """Run ``stage`` of the shared chain (trained by whichever worker asks first), copied into ``runs``."""
+    return shared_run(tiny_recipe(stage).name, runs, chain_root, lambda root: run_stage(stage, root))
 
 
 @pytest.fixture(scope="session")
@@ -119,14 +126,46 @@ def dpo_run(runs, chain_root, sft_run):
     return chain_run("dpo", runs, chain_root)
 
 
-# The longest file (a whole demo pipeline through the shell) starts first, so that under
-# `make test`'s two pytest-xdist workers (--dist loadfile) the other worker takes everything else
-# and both finish together, instead of one worker starting it last.
-RUN_FIRST = ("test_pipeline_e2e.py",)
+QUIET = {"tracking": {"report_to": ["none"]}}
+ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}   # the multi-rank pretraining runs
+
+
+def write_pretrain_recipe(path: Path, runs: Runs, name: str, data: str, **changes) -> list[str]:
+    """A tiny pretrain recipe file and the CLI arguments (after ``python``) that run it."""
+    import yaml
+
+    recipe = {"stage": "pretrain", "name": name, "data": data, "model": TINY["pretrain"]["model"], **QUIET, **changes}
+    path.write_text(yaml.safe_dump(recipe))
+    return ["-m", "smolforge", "--runs-dir", str(runs.root), "pretrain", "--config", str(path)]
+
+
+@pytest.fixture(scope="session")
+def torchrun_zero3_run(runs, chain_root, data_run):
+    """The ZeRO-3 recipe on two ranks under torchrun: the reference of the 2-rank and Slurm tests."""
+    from smolforge.launchers import LaunchSpec, launch_command
+
+    def build(root: Runs) -> None:
+        args = write_pretrain_recipe(root.root / "pretrain-2p-z3.yaml", root, "pretrain-2p-z3", data_run.name,
+                                     train={**ZERO_TRAIN, "zero_stage": 3, "micro_batch_size": 4})
+        command = launch_command(LaunchSpec(processes=2, launcher="torchrun"), args[2:])
+        launched = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
+        assert launched.returncode == 0, launched.stderr[-3000:]
+
+    return shared_run("pretrain-2p-z3", runs, chain_root, build)
+
+
+# `make test` runs two pytest-xdist workers with --dist loadfile --no-loadscope-reorder: whole files,
+# in collection order. The longest files (measured: `pytest --durations=0`, summed per file) go
+# first, longest first, so the last file to start is a short one and both workers end together.
+LONGEST_FIRST = ("test_pipeline_e2e.py", "test_ranks.py", "test_pretrain_loop.py", "test_slurm_launch.py",
+                 "test_eval_backends.py", "test_annotate_server.py", "test_annotate_loop.py", "test_serve.py",
+                 "test_vllm_rollouts.py", "test_pipeline_isolation.py", "test_audit.py",
+                 "test_data_datatrove.py", "test_dpo_family.py", "test_annotate_ui.py", "test_ppo_stage.py")
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: item.path.name not in RUN_FIRST)
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
 # A real one-machine Slurm cluster (tests/slurm_cluster.py), started once per session (per

@@ -14,15 +14,13 @@ import time
 import numpy as np
 import pytest
 import torch
-import yaml
 
-from conftest import REPO, TINY, run_stage, tiny_recipe
+from conftest import QUIET, REPO, ZERO_TRAIN, run_stage, tiny_recipe
+from conftest import write_pretrain_recipe as write_recipe
 from smolforge.pretrain import stage as pretrain_stage
 from smolforge.pretrain.mixture import MixtureSampler, Phase
 from smolforge.errors import RecipeError
 from smolforge.runs import Run
-
-QUIET = {"tracking": {"report_to": ["none"]}}
 
 
 def losses(run_dir) -> dict[int, float]:
@@ -33,15 +31,6 @@ def losses(run_dir) -> dict[int, float]:
 def events(run_dir, kind: str) -> list[dict]:
     lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [m for m in lines if m.get("event") == kind]
-
-
-def write_recipe(path, runs, name, data, **changes) -> list[str]:
-    """A tiny pretrain recipe file and the CLI arguments that run it."""
-    recipe = {"stage": "pretrain", "name": name, "data": data, "model": TINY["pretrain"]["model"], **QUIET}
-    for key, value in changes.items():
-        recipe[key] = value
-    path.write_text(yaml.safe_dump(recipe))
-    return ["-m", "smolforge", "--runs-dir", str(runs.root), "pretrain", "--config", str(path)]
 
 
 # -- mixtures ----------------------------------------------------------------------------------
@@ -145,8 +134,8 @@ def test_spike_guard_rewinds_to_the_last_checkpoint_and_skips_the_window(runs, s
 def test_sigkill_then_resume_matches_an_uninterrupted_run(runs, data_run, tmp_path):
     from smolforge.recipe import build_stage_recipe, load_recipe
 
-    train = {"max_steps": 40, "log_every": 1, "micro_batch_size": 8, "seq_len": 128}
-    checkpoint = {"every_steps": 10, "keep": 2}
+    train = {"max_steps": 24, "log_every": 1, "micro_batch_size": 8, "seq_len": 128}
+    checkpoint = {"every_steps": 8, "keep": 2}
     write_recipe(tmp_path / "ref.yaml", runs, "pretrain-reference", data_run.name, train=train, checkpoint=checkpoint)
     _, reference = load_recipe(tmp_path / "ref.yaml")               # the uninterrupted run, in this process
     pretrain_stage.run(build_stage_recipe(pretrain_stage, reference, source="ref.yaml"), runs)
@@ -157,20 +146,20 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(runs, data_run, tmp_pa
     proc = subprocess.Popen([sys.executable, *killed], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 240
-    while not (run_dir / "checkpoints" / "step-20").exists() and time.time() < deadline:
+    while not (run_dir / "checkpoints" / "step-8").exists() and time.time() < deadline:
         time.sleep(0.02)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
     assert Run(run_dir).status == "running"  # killed mid-training: not done, no model
     assert not (run_dir / "model").exists()
-    assert max(losses(run_dir)) < 40
+    assert max(losses(run_dir)) < 24
 
     resumed = subprocess.run([sys.executable, *killed], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert Run(run_dir).status == "done"
     [resume] = events(run_dir, "resume")
-    assert resume["step"] >= 20
+    assert resume["step"] >= 8
     assert losses(run_dir) == losses(runs.root / "pretrain-reference")  # every step, bit for bit
 
 
@@ -219,38 +208,30 @@ def one_process_run(runs, data_run, tmp_path_factory):
     return runs.root / "pretrain-1p"
 
 
-ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}
-
-
 @pytest.fixture(scope="module")
-def two_rank_runs(runs, data_run, tmp_path_factory):
-    """``start(zero_stage, launcher)``: a 2-rank run of the ZeRO recipe under that launcher, once per module
-    (the launcher's output kept for the test's own checks)."""
+def deepspeed_zero2_launch(runs, data_run, tmp_path_factory):
+    """The ZeRO-2 recipe on two ranks under the deepspeed launcher (its output kept for the test's checks)."""
     from smolforge.launchers import LaunchSpec, launch_command
 
-    started: dict = {}
-
-    def start(zero_stage: int, launcher: str):
-        if (zero_stage, launcher) not in started:
-            two = write_recipe(tmp_path_factory.mktemp("two") / "two.yaml", runs, f"pretrain-2p-z{zero_stage}",
-                               data_run.name, train={**ZERO_TRAIN, "zero_stage": zero_stage, "micro_batch_size": 4})
-            command = launch_command(LaunchSpec(processes=2, launcher=launcher), two[2:])
-            launched = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300)
-            assert launched.returncode == 0, launched.stderr[-3000:]
-            started[zero_stage, launcher] = launched
-        return started[zero_stage, launcher]
-
-    return start
+    two = write_recipe(tmp_path_factory.mktemp("two") / "two.yaml", runs, "pretrain-2p-z2",
+                       data_run.name, train={**ZERO_TRAIN, "zero_stage": 2, "micro_batch_size": 4})
+    launched = subprocess.run(launch_command(LaunchSpec(processes=2, launcher="deepspeed"), two[2:]),
+                              capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert launched.returncode == 0, launched.stderr[-3000:]
+    return launched
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("zero_stage", "launcher"), [(2, "deepspeed"), (3, "torchrun")])
-def test_two_process_zero_run_matches_one_process(runs, one_process_run, two_rank_runs, zero_stage, launcher):
+def test_two_process_zero_run_matches_one_process(request, runs, one_process_run, zero_stage, launcher):
     """Two ranks under each launcher: the deepspeed launcher appends --local_rank=N to every rank's
-    command line, which the CLI takes; torchrun passes only variables."""
-    launched = two_rank_runs(zero_stage, launcher)
+    command line, which the CLI takes; torchrun passes only variables (its run is the session's
+    shared reference, also used by the Slurm tests)."""
     if launcher == "deepspeed":
+        launched = request.getfixturevalue("deepspeed_zero2_launch")
         assert "--local_rank=1" in launched.stdout + launched.stderr  # the launcher's log of rank 1's command
+    else:
+        request.getfixturevalue("torchrun_zero3_run")
     single, double = losses(one_process_run), losses(runs.root / f"pretrain-2p-z{zero_stage}")
     assert list(double) == list(range(1, ZERO_TRAIN["max_steps"] + 1))
     # the stage that ran, not the one asked for: one process has nothing to shard and runs ZeRO-0
@@ -285,85 +266,3 @@ def test_loop_options_train_and_are_recorded(runs, data_run, train):
     if train.get("schedule") == "wsd":  # flat at the peak until the decay window (last 20 %)
         assert lrs[2] == lrs[7] == pytest.approx(run.info["recipe"]["train"]["learning_rate"])
         assert lrs[-1] < lrs[7]
-
-
-# -- Slurm (a real one-machine cluster, tests/slurm_cluster.py) -----------------------------------
-def _wait_for(condition, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = condition()
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def _status(run_dir) -> str | None:
-    try:
-        return json.loads((run_dir / "run.json").read_text())["status"]
-    except (OSError, ValueError, KeyError):
-        return None
-
-
-def _launch(runs, recipe_args, name, slurm, *extra) -> str:
-    out = subprocess.run([sys.executable, "-m", "smolforge", *recipe_args[2:4], "launch", "pretrain",
-                          *recipe_args[5:], "--set", f"name={name}", "--tasks-per-node", "2", "--time", "10",
-                          "--json", *extra], capture_output=True, text=True, cwd=REPO, env=slurm.env, timeout=120)
-    assert out.returncode == 0, out.stderr[-3000:]
-    return json.loads(out.stdout)["slurm_job_id"]
-
-
-@pytest.mark.slow
-def test_slurm_job_signalled_before_its_time_limit_requeues_and_matches_torchrun(runs, data_run, slurm, tmp_path,
-                                                                                   two_rank_runs):
-    """`smolforge launch` → sbatch → srun + torchrun (2 ranks); USR1 as the time limit would send it:
-    checkpoint, stop, requeue, resume; every step's loss equals the local 2-rank torchrun run's."""
-    two_rank_runs(3, "torchrun")
-    reference = runs.root / "pretrain-2p-z3"
-    recipe = write_recipe(tmp_path / "slurm.yaml", runs, "pretrain-slurm", data_run.name,
-                          train={**ZERO_TRAIN, "zero_stage": 3, "micro_batch_size": 4})
-    run_dir = runs.root / "pretrain-slurm"
-    job = _launch(runs, recipe, "pretrain-slurm", slurm)
-    assert _status(run_dir) in ("queued", "running")
-    # as soon as the stage runs (still building its engine): it stops after its first step
-    _wait_for(lambda: _status(run_dir) == "running", 120, "the job to start the stage")
-    subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, env=slurm.env, timeout=30)
-    _wait_for(lambda: _status(run_dir) == "done", 240, "the requeued job to finish")
-    log = (run_dir / "slurm" / f"job-{job}.out").read_text()
-    assert "stop asked (USR1)" in log and f"requeued job {job}" in log
-    stopped, resumed = events(run_dir, "stopped"), events(run_dir, "resume")
-    assert len(stopped) == 1 and len(resumed) == 1 and resumed[0]["step"] == stopped[0]["step"] < ZERO_TRAIN["max_steps"]
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["launch"]["slurm_job_id"] == job and info["metrics"]["train/launcher"] == "slurm-torchrun"
-    assert info["metrics"]["train/resumes"] == 1
-    mine, theirs = losses(run_dir), losses(reference)
-    assert list(mine) == list(theirs)
-    np.testing.assert_allclose(list(mine.values()), list(theirs.values()), rtol=1e-6)
-
-
-@pytest.mark.slow
-def test_scancel_of_a_running_job_never_leaves_the_run_done(runs, data_run, slurm, tmp_path):
-    recipe = write_recipe(tmp_path / "cancel.yaml", runs, "pretrain-cancelled", data_run.name,
-                          train={**ZERO_TRAIN, "max_steps": 2000, "zero_stage": 2, "micro_batch_size": 4},
-                          checkpoint={"every_steps": 5})
-    run_dir = runs.root / "pretrain-cancelled"
-    job = _launch(runs, recipe, "pretrain-cancelled", slurm, "--no-requeue")
-    # in the training loop: SIGTERM then reaches Python between steps (a rank still starting up may sit in
-    # a C call past Slurm's KillWait and be SIGKILLed, leaving the run `running`: unfinished, not done)
-    _wait_for(lambda: run_dir.joinpath("metrics.jsonl").is_file() and max(losses(run_dir), default=0) > 5, 120,
-              "the first checkpoint")
-    subprocess.run(["scancel", job], check=True, env=slurm.env, timeout=30)
-    _wait_for(lambda: subprocess.run(["squeue", "-h", "-j", job], capture_output=True, text=True,
-                                     env=slurm.env).stdout.strip() == "", 60, "Slurm to end the job")
-    info = json.loads((run_dir / "run.json").read_text())
-    assert info["status"] != "done"
-    if info["status"] == "failed":  # the rank that unwound first wrote why: SIGTERM, or its peer's lost connection
-        assert info["error"], info
-    else:  # a rank SIGKILLed inside a C call after KillWait: unfinished, and resumable from its checkpoint
-        from smolforge.pretrain.checkpoint import newest_valid
-
-        assert info["status"] == "running" and newest_valid(run_dir / "checkpoints") is not None
-    listed = subprocess.run([sys.executable, "-m", "smolforge", "--runs-dir", str(runs.root), "runs"],
-                            capture_output=True, text=True, env=slurm.env, cwd=REPO, timeout=60)
-    row = next(line for line in listed.stdout.splitlines() if line.startswith("pretrain-cancelled"))
-    assert info["status"] in row and job in row
