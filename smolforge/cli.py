@@ -382,7 +382,7 @@ def _known_options(parser: argparse.ArgumentParser, command: str) -> list[str]:
     return sorted({flag for action in chosen._actions for flag in action.option_strings if flag.startswith("--")})
 
 
-def _unwind_on_sigterm() -> None:
+def unwind_on_sigterm() -> None:
     """SIGTERM raises :class:`Terminated` in the main thread (when it is this process's main thread)."""
     import signal
     import threading
@@ -406,7 +406,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     if argv is None:  # the command itself (not a caller in its own process): SIGTERM unwinds, runs record it
-        _unwind_on_sigterm()
+        unwind_on_sigterm()
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv[: argv.index("--") if "--" in argv else len(argv)]
     try:

@@ -29,7 +29,9 @@ The eval recipe is run once per model step with ``run`` set to that step's run n
 ``name: "{run}-eval"``). Every step recipe is checked (known stage, valid YAML) before the
 first one starts; deep validation happens in the stage's own process. Each step runs as
 ``python -m smolforge --runs-dir ROOT STAGE --config STEP.yaml``, which isolates DeepSpeed
-process groups and vLLM patches between stages.
+process groups and vLLM patches between stages. The evals that follow one model step share one
+such process (:mod:`smolforge.step_batch`: the same commands in turn, the imports paid once),
+unless one of them asks for an in-process vLLM engine or a parity backend.
 
 Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
 step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
@@ -296,26 +298,67 @@ class StepResult:
         return any(REPORTED_ERROR.match(line) for line in self.tail)
 
 
-def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,
-              quiet_stdout: bool) -> StepResult:
-    """Run one step in a subprocess (``python -m smolforge STAGE``), its output passed through as it comes."""
+def _step_args(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool) -> tuple[list[str], Path]:
+    """The command-line arguments that run ``step`` (its recipe written to ``tmp``), and its result file."""
     config = tmp / f"{n:02d}-{step.stage}.yaml"
     result = tmp / f"{n:02d}-{step.stage}.result.json"
     config.write_text(yaml.safe_dump(step.recipe, sort_keys=False), encoding="utf-8")
     args = ["--runs-dir", str(root)] + (["--debug"] if debug else [])
     args += [step.stage, "--config", str(config), "--result-json", str(result)]
     args += ["--overwrite"] if overwrite else []
+    return args, result
+
+
+def _run_name(step: Step, result: Path) -> str | None:
+    try:
+        return json.loads(result.read_text(encoding="utf-8")).get("name") or step.name
+    except (OSError, ValueError):
+        return step.name
+
+
+def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,
+              quiet_stdout: bool) -> StepResult:
+    """Run one step in a subprocess (``python -m smolforge STAGE``), its output passed through as it comes."""
+    args, result = _step_args(step, n, root, tmp, overwrite=overwrite, debug=debug)
     env = _child_env()
     if step.launch is not None:
         env[LAUNCHER_ENV] = step.launch.launcher
-    cmd = launch_command(step.launch or LaunchSpec(), args)
-    code, tail = run_showing_output(cmd, env=env, stdout_to_stderr=quiet_stdout)
-    name = step.name
+    code, tail = run_showing_output(launch_command(step.launch or LaunchSpec(), args), env=env,
+                                    stdout_to_stderr=quiet_stdout)
+    return StepResult(code, _run_name(step, result), tail)
+
+
+def shares_a_process(step: Step) -> bool:
+    """Whether ``step`` may run in one process with the other evals of its model: an eval on the
+    in-process HF backend (an in-process vLLM engine, or a second backend to compare, stay alone).
+
+    >>> shares_a_process(Step("step 1 eval", "eval", {"run": "sft-demo", "suite": "embedded"}, "p.yaml"))
+    True
+    >>> shares_a_process(Step("step 1 eval", "eval", {"run": "sft-demo", "backend": "vllm"}, "p.yaml"))
+    False
+    """
+    recipe = step.recipe
+    return (step.stage == EVAL_STAGE and step.launch is None and recipe.get("backend", "hf") == "hf"
+            and recipe.get("parity") is None)
+
+
+def _run_steps_together(steps: list[Step], n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,
+                        quiet_stdout: bool) -> list[StepResult]:
+    """Run ``steps`` one after the other in one process (:mod:`smolforge.step_batch`); one result per
+    step that ran: the batch stops at the first failure."""
+    calls = [_step_args(step, n + i, root, tmp, overwrite=overwrite, debug=debug) for i, step in enumerate(steps)]
+    spec, codes_file = tmp / f"{n:02d}-batch.json", tmp / f"{n:02d}-batch.codes.json"
+    spec.write_text(json.dumps({"steps": [args for args, _ in calls], "codes": str(codes_file)}), encoding="utf-8")
+    code, tail = run_showing_output([sys.executable, "-m", "smolforge.step_batch", str(spec)], env=_child_env(),
+                                    stdout_to_stderr=quiet_stdout)
     try:
-        name = json.loads(result.read_text(encoding="utf-8")).get("name") or name
+        codes = json.loads(codes_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        pass
-    return StepResult(code, name, tail)
+        codes = []
+    if len(codes) < len(steps) and (not codes or codes[-1] == 0):
+        codes.append(code if code != 0 else 1)   # the process ended during this step (killed, crashed)
+    return [StepResult(c, _run_name(step, result), tail if c != 0 else [])
+            for c, step, (_, result) in zip(codes, steps, calls)]
 
 
 def run_pipeline(
@@ -339,11 +382,18 @@ def run_pipeline(
     n = 0
     with tempfile.TemporaryDirectory(prefix="smolforge-pipeline-") as tmpdir:
         queue = list(pipeline.steps)
-        while queue:
-            step = queue.pop(0)
+        ready: list[tuple[Step, StepResult]] = []
+        while queue or ready:
+            if not ready:   # the next step, or the next evals of one model together
+                group = [queue.pop(0)]
+                while shares_a_process(group[0]) and queue and shares_a_process(queue[0]):
+                    group.append(queue.pop(0))
+                options = dict(overwrite=overwrite, debug=debug, quiet_stdout=as_json)
+                results = (_run_steps_together(group, n + 1, root, Path(tmpdir), **options) if len(group) > 1
+                           else [_run_step(group[0], n + 1, root, Path(tmpdir), **options)])
+                ready = list(zip(group, results))
+            step, result = ready.pop(0)
             n += 1
-            result = _run_step(step, n, root, Path(tmpdir), overwrite=overwrite, debug=debug,
-                               quiet_stdout=as_json)
             name = result.name
             done.append((step, name))
             if result.code != 0:

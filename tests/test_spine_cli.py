@@ -67,7 +67,10 @@ def run(recipe, runs, *, overwrite=False):
 EVAL_STAGE = '''
 """Fake eval stage: scores the run named by `run` and writes them into it."""
 from __future__ import annotations
+
+import os
 from dataclasses import dataclass
+from smolforge.errors import DataError
 from smolforge.recipe import to_dict
 
 
@@ -76,6 +79,8 @@ class Recipe:
     name: str = "eval-fake"
     run: str = ""            # the run to evaluate
     score: float = 0.25
+    backend: str = "hf"      # only recorded
+    fail: bool = False       # raise DataError inside the run
 
 
 def validate(recipe, runs):
@@ -87,8 +92,10 @@ def run(recipe, runs, *, overwrite=False):
     scores = {"toy/acc": recipe.score, "toy/acc/random": 0.125, "toy/acc/stderr": 0.01,
               "eval/seconds": 1.0}
     with runs.start("eval", recipe.name, to_dict(recipe), parents=[target], overwrite=overwrite) as run:
+        if recipe.fail:
+            raise DataError("fake eval failure")
         target.update_metrics(scores)
-        run.finish(scores)
+        run.finish({**scores, "eval/pid": os.getpid()})
     return run
 '''
 
@@ -309,6 +316,37 @@ def test_pipeline_runs_steps_in_subprocesses_with_eval(fake_env):
         ("pretrain", "p1", "done"), ("eval", "eval-p1", "done"),
         ("sft", "s1", "done"), ("eval", "eval-s1", "done")]
     assert summary["steps"][0]["tokens"] == 1000 and summary["steps"][0]["wall_s"] >= 0
+
+
+def test_the_evals_of_one_model_share_a_process_and_a_failing_one_stops_the_pipeline(fake_env):
+    f = write(fake_env / "pipe.yaml", """\
+        pipeline:
+          - {stage: pretrain, name: p1}
+          - {stage: sft, name: s1, parent: p1}
+        eval: [{stage: eval}, {stage: eval, name: "{run}-b"}, {stage: eval, name: "{run}-vllm", backend: vllm}]
+        """)
+    out = smolforge("pipeline", str(f), cwd=fake_env)
+    assert out.returncode == 0, out.stderr
+    runs = Runs(fake_env / "runs")
+    pid = {name: runs.get(name).metrics["eval/pid"] for name in
+           ("eval-p1", "p1-b", "p1-vllm", "eval-s1", "s1-b", "s1-vllm")}
+    assert pid["eval-p1"] == pid["p1-b"] != pid["eval-s1"] == pid["s1-b"]   # one process per model's evals
+    assert len({pid["p1-vllm"], pid["s1-vllm"], pid["eval-p1"], pid["eval-s1"]}) == 4  # vLLM evals stay alone
+
+    broken = write(fake_env / "broken.yaml", """\
+        pipeline:
+          - {stage: pretrain, name: p2}
+          - {stage: sft, name: s2, parent: p2}
+        eval: [{stage: eval}, {stage: eval, name: "{run}-b", fail: true}, {stage: eval, name: "{run}-c"}]
+        """)
+    out = smolforge("pipeline", str(broken), cwd=fake_env)
+    assert out.returncode == 2
+    runs_dir = (fake_env / "runs").resolve()
+    assert out.stderr.strip().splitlines()[-1] == (
+        "RunError: pipeline step 1 eval 2 (stage eval, run p2-b) failed with exit code 2; "
+        f"see the output above and {runs_dir / 'p2-b' / 'run.json'}")
+    assert runs.get("eval-p2").status == "done" and runs.get("p2-b", require_done=False).status == "failed"
+    assert not (runs_dir / "p2-c").exists() and not (runs_dir / "s2").exists()
 
 
 def test_failing_pipeline_step_stops_the_pipeline(fake_env):
