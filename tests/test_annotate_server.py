@@ -35,11 +35,19 @@ def live(tmp_path_factory):
 
 
 def restart(state, kill_server: bool) -> float:
+    """Stop the server (SIGKILL its server process first when asked), check that stopping left no
+    process and no scratch folder behind, then start it again on the same home."""
     server = state["server"]
+    pids = [p.pid for p in server.procs.values()]
     if kill_server:
         os.kill(server.procs["server"].pid, signal.SIGKILL)
         server.procs["server"].wait(timeout=10)
     server.stop()
+    time.sleep(0.2)
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not (state["home"] / "tmp").exists()
     state["server"] = ArgillaServer(state["home"]).start()
     return state["server"].ready_s
 
@@ -204,24 +212,14 @@ def test_api_key_never_in_logs(live):
         assert live["server"].api_key not in log.read_text(errors="replace"), log
 
 
-def test_stop_leaves_no_process(tmp_path):
-    server = ArgillaServer(tmp_path / "home").start()
-    pids = [p.pid for p in server.procs.values()]
-    server.stop()
-    time.sleep(0.2)
-    for pid in pids:
-        with pytest.raises(ProcessLookupError):
-            os.kill(pid, 0)
-    assert not (tmp_path / "home" / "tmp").exists()
-
-
 def test_start_failure_names_the_log(tmp_path):
+    """Redis's port is taken: redis exits at once, the error names its log, and nothing is left running."""
     import socket
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
         busy.listen()
-        server = ArgillaServer(tmp_path / "home", port=busy.getsockname()[1], ready_timeout=60)
-        with pytest.raises(ServiceError, match=r"server process exited .*server\.log") as err:
+        server = ArgillaServer(tmp_path / "home", redis_port=busy.getsockname()[1], ready_timeout=60)
+        with pytest.raises(ServiceError, match=r"redis process exited .*redis\.log") as err:
             server.start()
     assert "address already in use" in str(err.value).lower()
     assert not server.procs

@@ -1,7 +1,8 @@
 """TRL stages on two ranks (real launchers, gloo on this CPU), failures on one rank, and resume.
 
 One pipeline drives it all: SFT → DPO → GRPO, each step started by ``accelerate launch`` on two
-processes with DeepSpeed ZeRO-3, then a GRPO step whose reward function fails on rank 1 only.
+processes with DeepSpeed ZeRO-3, then a GRPO step (``torchrun``, plain DDP) whose reward function
+fails on rank 1 only.
 """
 from __future__ import annotations
 
@@ -94,8 +95,9 @@ def two_rank_pipeline(tmp_path_factory, runs, data_run, pretrain_run):
              trainer={"max_length": 64, "learning_rate": 1e-3}, **common),
         step("dpo", gathered, name="dpo-2r", parent="sft-2r", trainer={"max_length": 64}, **common),
         step("grpo", own_gather, name="grpo-2r", parent="dpo-2r", **rl, **common),
-        step("grpo", gathered, name="grpo-fails", parent="dpo-2r",
-             **{**rl, "rewards": ["failing_rewards:fails_on_rank_1"]}, **common),
+        {**step("grpo", gathered, name="grpo-fails", parent="dpo-2r",
+                **{**rl, "rewards": ["failing_rewards:fails_on_rank_1"]}, **common),
+         "launch": {"processes": 2, "launcher": "torchrun"}},      # plain DDP: no engine to build
     ]}
     path = folder / "pipeline.yaml"
     path.write_text(yaml.safe_dump(pipeline, sort_keys=False))

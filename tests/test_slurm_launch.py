@@ -41,9 +41,9 @@ def _status(run_dir) -> str | None:
         return None
 
 
-def _launch(runs, recipe_args, name, slurm, *extra) -> str:
+def _launch(runs, recipe_args, name, slurm, *extra, tasks: int = 2) -> str:
     out = subprocess.run([sys.executable, "-m", "smolforge", *recipe_args[2:4], "launch", "pretrain",
-                          *recipe_args[5:], "--set", f"name={name}", "--tasks-per-node", "2", "--time", "10",
+                          *recipe_args[5:], "--set", f"name={name}", "--tasks-per-node", str(tasks), "--time", "10",
                           "--json", *extra], capture_output=True, text=True, cwd=REPO, env=slurm.env, timeout=120)
     assert out.returncode == 0, out.stderr[-3000:]
     return json.loads(out.stdout)["slurm_job_id"]
@@ -82,7 +82,7 @@ def test_scancel_of_a_running_job_never_leaves_the_run_done(runs, data_run, slur
                           train={**ZERO_TRAIN, "max_steps": 2000, "zero_stage": 2, "micro_batch_size": 4},
                           checkpoint={"every_steps": 5})
     run_dir = runs.root / "pretrain-cancelled"
-    job = _launch(runs, recipe, "pretrain-cancelled", slurm, "--no-requeue")
+    job = _launch(runs, recipe, "pretrain-cancelled", slurm, "--no-requeue", tasks=1)
     # in the training loop: SIGTERM then reaches Python between steps (a rank still starting up may sit in
     # a C call past Slurm's KillWait and be SIGKILLed, leaving the run `running`: unfinished, not done)
     _wait_for(lambda: run_dir.joinpath("metrics.jsonl").is_file() and max(losses(run_dir), default=0) > 5, 120,
