@@ -53,6 +53,33 @@ def test_ipo_loss_reaches_trl(runs, sft_run):
     assert "train/margins" in run.metrics and len(logged(run, "rewards/margins")) == 3
 
 
+@pytest.mark.parametrize("loss_type", ["apo_zero", "apo_down"])
+def test_apo_loss_is_the_papers_on_the_logged_log_ratios(runs, data_run, sft_run, pretrain_run, loss_type):
+    """recipes/demo/apo.yaml through TRL: step 1's loss on one pair, before any update, against the
+    APO paper's eqs. (7) and (8) on the rewards TRL logged for that pair (beta x log-ratio); the
+    reference is another model, so the log-ratios are not zero."""
+    _, data = load_recipe(DEMO / "apo.yaml")
+    data = deep_merge(data, {"name": f"dpo-{loss_type}", "parent": sft_run.name, "data": data_run.name,
+                             "reference": f"run:{pretrain_run.name}",
+                             "trainer": {"max_steps": 1, "per_device_train_batch_size": 1,
+                                         "gradient_accumulation_steps": 1, "logging_steps": 1,
+                                         "max_length": 64, "loss_type": loss_type}})
+    stage = load_stage("dpo")
+    recipe = build_stage_recipe(stage, data, source="apo.yaml (test)")
+    stage.validate(recipe, runs)
+    run = stage.run(recipe, runs, overwrite=True)
+    assert run.info["recipe"]["trainer"]["loss_type"] == [loss_type]
+    [chosen], [rejected], [loss] = logged(run, "rewards/chosen"), logged(run, "rewards/rejected"), logged(run, "loss")
+    assert abs(chosen) > 1e-3 and abs(rejected) > 1e-3
+    sig = torch.sigmoid
+    chosen_t, rejected_t = torch.tensor(chosen, dtype=torch.float64), torch.tensor(rejected, dtype=torch.float64)
+    expected = ((1 - sig(chosen_t)) + sig(rejected_t) if loss_type == "apo_zero"       # eq. (7)
+                else sig(chosen_t) + (1 - sig(chosen_t - rejected_t)))                 # eq. (8)
+    assert loss == pytest.approx(float(expected), rel=1e-4, abs=1e-5)
+    other = ((1 - sig(chosen_t)) + sig(rejected_t) if loss_type == "apo_down" else sig(chosen_t) + (1 - sig(chosen_t - rejected_t)))
+    assert abs(float(other) - loss) > 1e-4      # the two losses differ here: the test tells them apart
+
+
 def test_precomputed_reference_log_probs_load_no_reference_model(runs, sft_run, monkeypatch):
     from transformers import AutoModelForCausalLM
 
