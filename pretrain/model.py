@@ -24,6 +24,23 @@ class ModelShape:
     dropout: float = 0.0              # attention dropout
     extra: dict = field(default_factory=dict)  # any other SmolLM3Config keyword
 
+    @classmethod
+    def of(cls, config) -> "ModelShape":
+        """The shape of a loaded model's config (a parent's, for continued pretraining).
+
+        >>> ModelShape.of(model_config(ModelShape(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1), 300)).hidden_size
+        64
+        """
+        rope = getattr(config, "rope_parameters", None) or {}
+        layers = list(getattr(config, "no_rope_layers", None) or [])
+        return cls(hidden_size=config.hidden_size, intermediate_size=config.intermediate_size,
+                   num_layers=config.num_hidden_layers, num_heads=config.num_attention_heads,
+                   num_kv_heads=getattr(config, "num_key_value_heads", config.num_attention_heads),
+                   nope_every=0 if not layers or all(layers) else layers.index(0) + 1,
+                   max_position_embeddings=config.max_position_embeddings,
+                   rope_theta=float(rope.get("rope_theta", getattr(config, "rope_theta", 10000.0))),
+                   tie_word_embeddings=bool(getattr(config, "tie_word_embeddings", True)))
+
 
 def no_rope_layers(num_layers: int, nope_every: int) -> list[int]:
     """SmolLM3's mask: 1 = RoPE, 0 = NoPE. Every ``nope_every``-th layer (1-based) is NoPE.

@@ -87,6 +87,13 @@ class SpikeSpec:
 
 
 @dataclass
+class ContextSpec:
+    """Continued pretraining (``init:``) only: the parent's positions, changed; unset keeps the parent's."""
+    max_position_embeddings: int | None = None  # longest sequence the continued model is built for
+    rope_theta: float | None = None   # RoPE base (SmolLM3 raised it at each long-context step)
+
+
+@dataclass
 class TrackingSpec:
     report_to: list = field(default_factory=lambda: ["auto"])  # tensorboard | trackio | wandb | none | auto
     prometheus_port: int | None = None  # serve live metrics on 127.0.0.1:PORT (0 = any free port)
@@ -96,7 +103,9 @@ class TrackingSpec:
 class Recipe:
     name: str = "pretrain-demo"       # run name
     data: str = "data-demo"           # data run holding data/pretrain.jsonl and tokenizer/
+    init: str | None = None           # continue from this model run's weights (its architecture; `model:` unused)
     model: ModelShape = field(default_factory=ModelShape)
+    context: ContextSpec = field(default_factory=ContextSpec)
     train: TrainSpec = field(default_factory=TrainSpec)
     mixture: list = field(default_factory=list)  # phases [{until: 0.7, weights: {facts: 1.0}}, ...]; empty = natural mix
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
@@ -142,6 +151,12 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     if not (data_run.path / "tokenizer" / "tokenizer_config.json").is_file():
         raise RecipeError(f"data: run '{data_run.name}' has no tokenizer/ (is it a data run? stage {data_run.stage})")
     adopt_data_mixture(recipe, data_run)
+    max_positions = m.max_position_embeddings
+    if recipe.init is not None:
+        max_positions = check_init(recipe, runs, data_run)
+    elif recipe.context.max_position_embeddings is not None or recipe.context.rope_theta is not None:
+        raise RecipeError("context: changes a parent's positions; it needs init: <model run> "
+                          "(from scratch, set model.max_position_embeddings and model.rope_theta)")
     checks = [
         (t.schedule in SCHEDULES, f"train.schedule is {t.schedule!r}; expected one of {', '.join(SCHEDULES)}"),
         (t.precision in ("fp32", "bf16"), f"train.precision is {t.precision!r}; expected fp32 or bf16"),
@@ -149,8 +164,9 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         (not t.offload_optimizer or t.zero_stage >= 1, "train.offload_optimizer needs train.zero_stage >= 1"),
         (min(t.max_steps, t.micro_batch_size, t.grad_accum, t.log_every) >= 1 and t.seq_len >= 8,
          "train.max_steps, micro_batch_size, grad_accum and log_every must be >= 1 and seq_len >= 8"),
-        (t.seq_len <= m.max_position_embeddings,
-         f"train.seq_len {t.seq_len} exceeds model.max_position_embeddings {m.max_position_embeddings}"),
+        (t.seq_len <= max_positions,
+         f"train.seq_len {t.seq_len} exceeds the model's max_position_embeddings {max_positions}"
+         + (" (set context.max_position_embeddings to extend it)" if recipe.init else "")),
         (m.hidden_size % m.num_heads == 0 and m.num_heads % m.num_kv_heads == 0,
          f"model: hidden_size {m.hidden_size} must divide by num_heads {m.num_heads} "
          f"and num_heads by num_kv_heads {m.num_kv_heads}"),
@@ -168,6 +184,45 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     problems = validate_phases(phases_of(recipe, {d: 1 for d in domains}), domains)
     if problems:
         raise RecipeError("mixture: " + "; ".join(problems))
+
+
+def check_init(recipe: Recipe, runs: Runs, data_run: Run) -> int:
+    """``init:`` names a model run whose vocabulary is the data run's tokenizer; returns the
+    continued model's max_position_embeddings."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    parent = runs.get(recipe.init)
+    if not (parent.model_dir / "config.json").is_file():
+        raise RecipeError(f"init: run '{parent.name}' (stage {parent.stage}) has no model/ to continue from")
+    try:
+        config = AutoConfig.from_pretrained(parent.model_dir)
+    except (OSError, ValueError) as exc:
+        raise RecipeError(f"init: {parent.model_dir}/config.json cannot be read: {exc}") from None
+    vocab = len(AutoTokenizer.from_pretrained(data_run.path / "tokenizer"))
+    if config.vocab_size < vocab:
+        raise RecipeError(f"init: run '{parent.name}' has a vocabulary of {config.vocab_size}; data run "
+                          f"'{data_run.name}''s tokenizer has {vocab} tokens (continue on data made with the "
+                          "parent's tokenizer)")
+    c = recipe.context
+    if c.rope_theta is not None and c.rope_theta <= 0:
+        raise RecipeError(f"context.rope_theta must be > 0, got {c.rope_theta}")
+    if c.max_position_embeddings is not None and c.max_position_embeddings < 8:
+        raise RecipeError(f"context.max_position_embeddings must be >= 8, got {c.max_position_embeddings}")
+    return c.max_position_embeddings or config.max_position_embeddings
+
+
+def continued_model(parent_dir: Path, context: ContextSpec):
+    """The parent's model in fp32, its positions changed by ``context`` (RoPE frequencies are built
+    from the config when the model is, so the change goes in before loading)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(parent_dir)
+    if context.max_position_embeddings is not None:
+        config.max_position_embeddings = context.max_position_embeddings
+    if context.rope_theta is not None:
+        rope = dict(getattr(config, "rope_parameters", None) or {"rope_type": "default"})
+        config.rope_parameters = {**rope, "rope_theta": context.rope_theta}
+    return AutoModelForCausalLM.from_pretrained(parent_dir, config=config, dtype="float32", use_safetensors=True)
 
 
 def resume_point(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
@@ -203,8 +258,9 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     resume_from = resume_point(recipe, runs, overwrite)
     with distributed() as (deepspeed, rank, world), contextlib.ExitStack() as stack:
         if rank == 0:
+            parents = [data_run] + ([runs.get(recipe.init)] if recipe.init else [])
             run = stack.enter_context(runs.start(
-                "pretrain", recipe.name, to_dict(recipe), parents=[data_run],
+                "pretrain", recipe.name, to_dict(recipe), parents=parents,
                 data_fingerprints=dict(data_run.info.get("data_fingerprints") or {}),
                 overwrite=overwrite, resume=resume_from is not None))
         barrier()
@@ -240,8 +296,12 @@ class Loop:
         self.recipe, self.run, self.tokenizer = recipe, run, tokenizer
         self.rank, self.world, self.t = rank, world, recipe.train
         t = self.t
-        model = build_model(recipe.model, len(tokenizer), seed=t.seed, pad_token_id=tokenizer.pad_token_id,
-                            eos_token_id=tokenizer.eos_token_id)
+        if recipe.init:
+            model = continued_model(Runs(run.path.parent).get(recipe.init).model_dir, recipe.context)
+        else:
+            model = build_model(recipe.model, len(tokenizer), seed=t.seed, pad_token_id=tokenizer.pad_token_id,
+                                eos_token_id=tokenizer.eos_token_id)
+        self.shape = ModelShape.of(model.config)
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         if t.activation_checkpointing:
@@ -270,7 +330,7 @@ class Loop:
         spike = recipe.spike
         self.guard = SpikeGuard(spike.factor, spike.window, spike.min_history)
         device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.monitor = ThroughputMonitor(flops_per_token(recipe.model, len(tokenizer), t.seq_len),
+        self.monitor = ThroughputMonitor(flops_per_token(self.shape, len(tokenizer), t.seq_len),
                                          peak_flops(device), devices=world)
         self.tracker = None
         if rank == 0:

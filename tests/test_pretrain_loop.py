@@ -131,17 +131,22 @@ def test_spike_guard_rewinds_to_the_last_checkpoint_and_skips_the_window(runs, s
 
 # -- checkpoints and exact resume --------------------------------------------------------------
 @pytest.mark.slow
-def test_sigkill_then_resume_matches_an_uninterrupted_run(runs, data_run, tmp_path):
+def test_continued_pretraining_from_a_parent_resumes_exactly_after_sigkill(runs, data_run, pretrain_run, tmp_path):
+    """Continued pretraining (init: the session's pretrain run) at a longer context with a raised
+    RoPE base: SIGKILLed after a checkpoint, the same command resumes and every step's loss equals
+    an uninterrupted run's; the model keeps the parent's weights as its start and records the change."""
+    from transformers import AutoConfig
+
     from smolforge.recipe import build_stage_recipe, load_recipe
 
-    train = {"max_steps": 24, "log_every": 1, "micro_batch_size": 8, "seq_len": 128}
-    checkpoint = {"every_steps": 8, "keep": 2}
-    write_recipe(tmp_path / "ref.yaml", runs, "pretrain-reference", data_run.name, train=train, checkpoint=checkpoint)
+    train = {"max_steps": 24, "log_every": 1, "micro_batch_size": 8, "seq_len": 128, "warmup_steps": 2}
+    changes = dict(init=pretrain_run.name, context={"max_position_embeddings": 256, "rope_theta": 40000.0},
+                   train=train, checkpoint={"every_steps": 8, "keep": 2})
+    write_recipe(tmp_path / "ref.yaml", runs, "pretrain-reference", data_run.name, **changes)
     _, reference = load_recipe(tmp_path / "ref.yaml")               # the uninterrupted run, in this process
     pretrain_stage.run(build_stage_recipe(pretrain_stage, reference, source="ref.yaml"), runs)
 
-    killed = write_recipe(tmp_path / "kill.yaml", runs, "pretrain-killed", data_run.name,
-                          train=train, checkpoint=checkpoint)
+    killed = write_recipe(tmp_path / "kill.yaml", runs, "pretrain-killed", data_run.name, **changes)
     run_dir = runs.root / "pretrain-killed"
     proc = subprocess.Popen([sys.executable, *killed], cwd=REPO, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
@@ -157,10 +162,31 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(runs, data_run, tmp_pa
 
     resumed = subprocess.run([sys.executable, *killed], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    assert Run(run_dir).status == "done"
+    run = Run(run_dir)
+    assert run.status == "done" and run.parents == [data_run.name, pretrain_run.name]   # lineage: the parent
     [resume] = events(run_dir, "resume")
     assert resume["step"] >= 8
     assert losses(run_dir) == losses(runs.root / "pretrain-reference")  # every step, bit for bit
+    config = AutoConfig.from_pretrained(run_dir / "model")
+    assert (config.max_position_embeddings, config.rope_parameters["rope_theta"]) == (256, 40000.0)
+    assert config.hidden_size == pretrain_run.info["recipe"]["model"]["hidden_size"]
+    # it starts where the parent ended, not from a fresh initialisation
+    parent_losses = losses(pretrain_run.path)
+    assert losses(run_dir)[1] < parent_losses[min(parent_losses)] - 0.5, (losses(run_dir)[1], parent_losses)
+
+
+def test_continued_pretraining_refuses_what_cannot_continue(runs, data_run, pretrain_run):
+    for changes, message in [
+        ({"init": data_run.name}, "has no model/ to continue from"),
+        ({"context": {"rope_theta": 20000.0}}, "needs init"),
+        ({"init": pretrain_run.name, "train": {"seq_len": 512}}, "exceeds the model's max_position_embeddings 128 "
+                                                                  r"\(set context.max_position_embeddings"),
+        ({"init": pretrain_run.name, "context": {"rope_theta": -1.0}}, "context.rope_theta must be > 0"),
+    ]:
+        recipe = tiny_recipe("pretrain", name="pretrain-refused", **changes)
+        with pytest.raises(RecipeError, match=message):
+            pretrain_stage.validate(recipe, runs)
+    assert not (runs.root / "pretrain-refused").exists()
 
 
 def test_corrupt_newest_checkpoint_falls_back_to_the_previous_one(runs, data_run, caplog):
