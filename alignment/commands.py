@@ -1,4 +1,4 @@
-"""The alignment stages' commands (sft, dpo, orpo, reward, grpo, rloo, ppo): examples for their help.
+"""The alignment stages' commands (sft, dpo, orpo, reward, grpo, rloo, ppo, merge): examples for their help.
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
@@ -19,6 +19,7 @@ EXAMPLES = {
     "grpo": "smolforge grpo --config recipes/demo/grpo.yaml --set trainer.max_steps=20",
     "rloo": "smolforge rloo --config recipes/demo/rloo.yaml --set rewards=[arith_verifier]",
     "ppo": "smolforge ppo --config recipes/demo/ppo.yaml --set ppo.steps=10",
+    "merge": "smolforge merge --config recipes/demo/merge.yaml --set method=slerp --set t=0.3",
 }
 
 
@@ -27,4 +28,4 @@ def register(cli: Commands) -> None:
         cli.stage(stage, example=example)
     # training summaries stay in run.json; RL's held-out reward is a score
     cli.summary(hide=["train/*", "sft/*", "reward/*", "ppo/*", "rl/heldout_prompts", "rl/train_prompts",
-                      "rl/generation", "rl/weight_syncs"])
+                      "rl/generation", "rl/weight_syncs", "merge/*"])

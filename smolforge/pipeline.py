@@ -72,7 +72,7 @@ from smolforge.recipe import apply_overrides, load_yaml, set_path
 from smolforge.processes import exit_text, run_showing_output
 from smolforge.registry import EVAL_STAGE, MODEL_STAGES, commands, stages, unknown_stage_message
 
-TRAINING_STAGES = (*MODEL_STAGES, "reward")  # the steps a pipeline-level launch: applies to
+TRAINING_STAGES = (*(s for s in MODEL_STAGES if s != "merge"), "reward")  # what a pipeline-level launch: starts
 from smolforge.runs import Run, Runs, utc_now, wall_seconds, write_json_atomic
 from smolforge.table import print_table
 

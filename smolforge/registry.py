@@ -46,11 +46,12 @@ STAGES: dict[str, str] = {
     "grpo": "smolforge.alignment.grpo",
     "rloo": "smolforge.alignment.rloo",
     "ppo": "smolforge.alignment.ppo",
+    "merge": "smolforge.alignment.merge",
     "eval": "smolforge.evals.stage",
     "annotate": "smolforge.annotate.stage",
 }
 # their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead)
-MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo")
+MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo", "merge")
 # the stage a pipeline's ``eval:`` recipes run as, after every model stage
 EVAL_STAGE = "eval"
 # each package's commands (smolforge.commands): imported to build the CLI, so stdlib + spine only
@@ -104,7 +105,7 @@ def load_stage(name: str) -> ModuleType:
     >>> load_stage("nope")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, dpo, eval, grpo, orpo, ppo, pretrain, reward, rloo, sft)
+    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, dpo, eval, grpo, merge, orpo, ppo, pretrain, reward, rloo, sft)
     """
     table = stages()
     if name not in table:
