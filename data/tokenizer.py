@@ -1,4 +1,4 @@
-"""Byte-level BPE tokenizers trained on the fly, with a ChatML template TRL can mask.
+"""Byte-level BPE tokenizers trained on the fly, with a dual-mode ChatML template TRL can mask.
 
 The assistant turn sits inside ``{% generation %}…{% endgeneration %}`` so TRL's
 ``assistant_only_loss`` finds the tokens to train on. ``<|im_end|>`` is the EOS token (it ends
@@ -9,6 +9,9 @@ documents; ``<|pad|>`` pads.
     >>> tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False,
     ...                         add_generation_prompt=True)
     '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n'
+    >>> tok.apply_chat_template([{"role": "system", "content": "Be brief. /no_think"}, {"role": "user", "content": "hi"}],
+    ...                         tokenize=False, add_generation_prompt=True)
+    '<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n'
 """
 from __future__ import annotations
 
@@ -17,17 +20,40 @@ from collections.abc import Iterable
 DOC_SEPARATOR = "<|endoftext|>"
 SPECIAL_TOKENS = [DOC_SEPARATOR, "<|im_start|>", "<|im_end|>", "<|pad|>"]
 
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+EMPTY_THINK = THINK_OPEN + "\n\n" + THINK_CLOSE + "\n"   # what a no-think answer starts with
+
+# SmolLM3's dual mode: "/think" or "/no_think" in the system prompt picks the mode (the flag is
+# dropped from the rendered prompt; a system prompt that held only the flag renders nothing);
+# ``enable_thinking=False`` picks no-think when the system prompt does not say. The default is
+# think: answers are rendered as they are (a reasoning answer carries its <think>…</think>), which
+# is byte for byte the plain ChatML of a conversation without a flag. In no-think mode every
+# answer starts with an empty think block (inside the trained span) and so does the generation
+# prompt, so the model learns to skip reasoning when told to.
 CHAT_TEMPLATE = (
+    "{%- set ns = namespace(mode='think') %}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{%- set ns.mode = 'no_think' %}{%- endif %}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{%- if '/no_think' in messages[0]['content'] %}{%- set ns.mode = 'no_think' %}"
+    "{%- elif '/think' in messages[0]['content'] %}{%- set ns.mode = 'think' %}{%- endif %}"
+    "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' }}"
-    "{% generation %}{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{% generation %}"
+    "{%- if ns.mode == 'no_think' and not message['content'].startswith('<think>') %}"
+    "{{- '<think>\\n\\n</think>\\n' }}{%- endif %}"
+    "{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
     "{{- '\\n' }}"
+    "{%- elif message['role'] == 'system' %}"
+    "{%- set text = message['content'].replace('/no_think', '').replace('/think', '').strip() %}"
+    "{%- if text %}{{- '<|im_start|>system\\n' + text + '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if ns.mode == 'no_think' %}{{- '<think>\\n\\n</think>\\n' }}{%- endif %}{%- endif %}"
 )
 
 
