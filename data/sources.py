@@ -60,6 +60,7 @@ class Source:
     format: str = "auto"           # auto | jsonl | parquet | csv | text | datasets (auto: from the extension)
     columns: dict[str, str] = field(default_factory=dict)  # shape field -> source column, e.g. {"text": "content"}
     split: str = "train"           # split of a `datasets` dataset
+    subset: str | None = None      # its configuration (load_dataset's second argument), e.g. "SFT"
     domain: str | None = None      # stamped on text rows as "domain", unless the row has one and this is None
     text_unit: str = "file"        # text files: one document per file, or "paragraph" (blank-line separated)
     limit: int | None = None       # stop after this many valid rows
@@ -521,7 +522,7 @@ def _read_parquet(path: str, source: Source, shape: str) -> Iterator[tuple[str, 
 def _read_dataset(name: str, source: Source, shape: str) -> Iterator[tuple[str, dict | DataError]]:
     import datasets
 
-    label = f"dataset {name}[{source.split}]"
+    label = f"dataset {name}{'/' + source.subset if source.subset else ''}[{source.split}]"
     try:
         if os.path.isdir(name) and _is_saved_dataset(Path(name)):
             data = datasets.load_from_disk(name)
@@ -530,7 +531,7 @@ def _read_dataset(name: str, source: Source, shape: str) -> Iterator[tuple[str, 
                     raise DataError(f"dataset {name}: no split '{source.split}' (splits: {_names(data)})")
                 data = data[source.split]
         else:
-            data = datasets.load_dataset(name, split=source.split, streaming=True)
+            data = datasets.load_dataset(name, source.subset, split=source.split, streaming=True)
     except DataError:
         raise
     except Exception as exc:  # noqa: BLE001 - datasets raises many kinds; each is a data problem here

@@ -67,8 +67,9 @@ _SUFFIXES = {"k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9, "t": 1e12}
 # --------------------------------------------------------------------------- inputs
 
 
-def load_pretrain_recipe(path: str | Path, sets: list[str] | tuple[str, ...] = ()):
-    """Build the ``smolforge.pretrain.stage.Recipe`` in ``path``; any other stage is a RecipeError."""
+def load_pretrain_recipe(path: str | Path, sets: list[str] | tuple[str, ...] = (), *, depth: int = 0):
+    """Build the ``smolforge.pretrain.stage.Recipe`` in ``path``; any other stage is a RecipeError.
+    With ``init:`` its ``model`` is the parent recipe's shape (see :func:`_parent_shape`)."""
     from smolforge.recipe import build_stage_recipe, load_recipe
     from smolforge.registry import load_stage
 
@@ -77,7 +78,35 @@ def load_pretrain_recipe(path: str | Path, sets: list[str] | tuple[str, ...] = (
         raise RecipeError(f"{path}: recipe is for stage '{stage}'; smolforge plan needs a "
                           "pretrain recipe (stage: pretrain), e.g. recipes/smollm3-3b/pretrain.yaml, "
                           "or a PPO recipe (stage: ppo) with --model")
-    return build_stage_recipe(load_stage("pretrain"), data, source=str(path))
+    recipe = build_stage_recipe(load_stage("pretrain"), data, source=str(path))
+    if recipe.init:   # continued pretraining: the parent's shape, its positions changed by context:
+        import dataclasses
+
+        shape = _parent_shape(Path(path), recipe.init, depth)
+        recipe.model = dataclasses.replace(
+            shape, max_position_embeddings=recipe.context.max_position_embeddings or shape.max_position_embeddings,
+            rope_theta=recipe.context.rope_theta or shape.rope_theta)
+    return recipe
+
+
+def _parent_shape(path: Path, init: str, depth: int) -> ModelShape:
+    """The model shape of ``init``: the pretrain recipe named so beside ``path`` (followed through its
+    own ``init:``), for planning a run whose parent does not exist yet."""
+    from smolforge.recipe import load_recipe
+
+    if depth > 8:
+        raise RecipeError(f"{path}: init: chain longer than 8 recipes (a cycle?)")
+    for sibling in sorted(path.parent.glob("*.yaml")):
+        if sibling.resolve() == path.resolve():
+            continue
+        try:
+            stage, data = load_recipe(sibling)
+        except RecipeError:
+            continue
+        if stage == "pretrain" and data.get("name") == init:
+            return load_pretrain_recipe(sibling, depth=depth + 1).model
+    raise RecipeError(f"{path}: init: {init} — smolforge plan needs the parent's shape: no pretrain recipe "
+                      f"named '{init}' beside it in {path.parent}/")
 
 
 def parse_count(value: Any, what: str) -> float:

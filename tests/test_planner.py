@@ -397,3 +397,16 @@ def test_bad_ppo_plan_inputs_exit_2(args, says, capsys):
 def test_model_is_only_for_ppo_recipes(capsys):
     assert main(["plan", str(SMOLLM3_3B), "--model", str(SMOLLM3_3B)]) == 2
     assert "--model is for PPO recipes" in capsys.readouterr().err
+
+
+def test_continued_pretraining_recipes_plan_with_their_parents_shape(capsys):
+    """recipes/smollm3-3b/midtrain-*.yaml name their parent run (init:); the plan takes its shape from
+    the pretrain recipe of that name beside them, with the longer context."""
+    plans = {}
+    for name in ("pretrain", "midtrain-32k", "midtrain-64k"):
+        assert main(["plan", str(SMOLLM3_3B.parent / f"{name}.yaml"), "--tokens", "50B", "--gpus", "384", "--json"]) == 0
+        plans[name] = json.loads(capsys.readouterr().out)
+    assert plans["midtrain-32k"]["params"] == plans["midtrain-64k"]["params"] == plans["pretrain"]["params"]
+    assert [plans[n]["seq_len"] for n in plans] == [4096, 32768, 65536]
+    hours = [plans[n]["gpu_hours"] for n in plans]
+    assert hours[0] < hours[1] < hours[2]   # the same 50B tokens cost more at longer context (attention)
