@@ -6,6 +6,7 @@ not copied, so the tests exercise the same code paths and defaults `make demo` u
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import subprocess
@@ -137,6 +138,18 @@ def write_pretrain_recipe(path: Path, runs: Runs, name: str, data: str, **change
     recipe = {"stage": "pretrain", "name": name, "data": data, "model": TINY["pretrain"]["model"], **QUIET, **changes}
     path.write_text(yaml.safe_dump(recipe))
     return ["-m", "smolforge", "--runs-dir", str(runs.root), "pretrain", "--config", str(path)]
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    """A pretraining run's logged loss by step (metrics.jsonl)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return {m["step"]: m["loss"] for m in lines if "loss" in m}
+
+
+def events(run_dir: Path, kind: str) -> list[dict]:
+    """A run's metrics.jsonl events of one kind (resume, stopped, spike, …)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [m for m in lines if m.get("event") == kind]
 
 
 @pytest.fixture(scope="session")

@@ -15,22 +15,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import QUIET, REPO, ZERO_TRAIN, run_stage, tiny_recipe
+from conftest import QUIET, REPO, ZERO_TRAIN, events, losses, run_stage, tiny_recipe
 from conftest import write_pretrain_recipe as write_recipe
 from smolforge.pretrain import stage as pretrain_stage
 from smolforge.pretrain.mixture import MixtureSampler, Phase
 from smolforge.errors import RecipeError
 from smolforge.runs import Run
-
-
-def losses(run_dir) -> dict[int, float]:
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {m["step"]: m["loss"] for m in lines if "loss" in m}
-
-
-def events(run_dir, kind: str) -> list[dict]:
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [m for m in lines if m.get("event") == kind]
 
 
 # -- mixtures ----------------------------------------------------------------------------------

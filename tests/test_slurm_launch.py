@@ -10,18 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from conftest import REPO, ZERO_TRAIN
+from conftest import REPO, ZERO_TRAIN, events, losses
 from conftest import write_pretrain_recipe as write_recipe
-
-
-def losses(run_dir) -> dict[int, float]:
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return {m["step"]: m["loss"] for m in lines if "loss" in m}
-
-
-def events(run_dir, kind: str) -> list[dict]:
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [m for m in lines if m.get("event") == kind]
 
 
 def _wait_for(condition, timeout: float, what: str):
