@@ -40,15 +40,21 @@ def flatten(prefix: str, tree: dict) -> list[str]:
     return items
 
 
-def smolforge(runs_dir, *args, timeout=600):
+def smolforge(runs_dir, *args, timeout=600, cwd=REPO):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-m", "smolforge", "--runs-dir", str(runs_dir), *args],
-                          capture_output=True, text=True, cwd=REPO, env=env, timeout=timeout)
+                          capture_output=True, text=True, cwd=cwd, env=env, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
 def pipeline_result(tmp_path_factory):
+    """The demo pipeline, run from a project folder that has its own ``data/`` and ``evals/`` packages:
+    the stages install as ``smolforge.data``, ``smolforge.evals`` …, so those can never replace them."""
     runs_dir = tmp_path_factory.mktemp("pipeline-runs")
+    project = tmp_path_factory.mktemp("project")
+    for package in ("data", "evals"):
+        (project / package).mkdir()
+        (project / package / "__init__.py").write_text(f"raise SystemExit('the user\\'s own {package}/ was imported')\n")
     from smolforge.pipeline import load_pipeline
 
     present = {step.stage for step in load_pipeline(DEMO / "pipeline.yaml").steps} | {"eval"}
@@ -56,13 +62,14 @@ def pipeline_result(tmp_path_factory):
     args = ["pipeline", str(DEMO / "pipeline.yaml"), "--json"]
     for item in sets:
         args += ["--set", item]
-    proc = smolforge(runs_dir, *args)
+    proc = smolforge(runs_dir, *args, cwd=project)
     return runs_dir, proc
 
 
 def test_demo_pipeline_runs_every_stage_and_scores_each_model(pipeline_result):
     runs_dir, proc = pipeline_result
     assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "own data/ was imported" not in proc.stderr and "own evals/ was imported" not in proc.stderr
     summary = json.loads(proc.stdout)
     model_steps = [s for s in summary["steps"] if s["stage"] in ("pretrain", "sft", "dpo", "grpo")]
     assert [s["run"] for s in model_steps] == ["pretrain-demo", "sft-demo", "dpo-demo", "grpo-demo"]
