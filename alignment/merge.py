@@ -118,8 +118,8 @@ def _shape(run: Run) -> dict:
     return {k: values.get(k) for k in SHAPE_KEYS}
 
 
-def mergekit_config(recipe: Recipe, runs: Runs) -> dict:
-    """The MergeKit configuration of the recipe (model paths are the runs' model/ folders)."""
+def mergekit_config(recipe: Recipe, parents: list[Run]) -> dict:
+    """The MergeKit configuration of the recipe; ``parents`` are its runs, in ``models:`` order, then the base."""
     def parameters(source: Source) -> dict:
         found = {} if recipe.method == "slerp" else {"weight": source.weight}
         if recipe.method in SPARSIFIED:
@@ -127,10 +127,10 @@ def mergekit_config(recipe: Recipe, runs: Runs) -> dict:
         return found
 
     config: dict = {"merge_method": recipe.method, "dtype": recipe.dtype,
-                    "models": [{"model": str(runs.get(s.run).model_dir), "parameters": parameters(s)}
-                               for s in sources(recipe)]}
+                    "models": [{"model": str(run.model_dir), "parameters": parameters(s)}
+                               for s, run in zip(sources(recipe), parents)]}
     if recipe.base:
-        config["base_model"] = str(runs.get(recipe.base).model_dir)
+        config["base_model"] = str(parents[-1].model_dir)
     if recipe.method == "slerp":
         config["parameters"] = {"t": recipe.t}
     elif recipe.method != "task_arithmetic":
@@ -144,7 +144,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
 
     models = sources(recipe)
     parents = [runs.get(s.run) for s in models] + ([runs.get(recipe.base)] if recipe.base else [])
-    config = mergekit_config(recipe, runs)
+    config = mergekit_config(recipe, parents)
     with runs.start("merge", recipe.name, to_dict(recipe), parents=parents, overwrite=overwrite) as run:
         tmp = run.path / f".model.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
