@@ -67,7 +67,8 @@ class Recipe:
 
 
 def pretraining_lr(runs: Runs, ref: str) -> float | None:
-    """The peak learning rate of the first pretraining run among ``ref`` and its ancestors."""
+    """The peak learning rate of the first pretraining run among ``ref`` and its ancestors (continued
+    pretraining runs, with ``init:``, are looked past: the playbook's ratio is to the main pretraining)."""
     queue, seen = [ref], set()
     while queue:
         name = queue.pop(0)
@@ -78,7 +79,7 @@ def pretraining_lr(runs: Runs, ref: str) -> float | None:
             run = runs.get(name)
         except RunError:
             continue
-        if run.stage == "pretrain":
+        if run.stage == "pretrain" and not run.info["recipe"].get("init"):  # continued pretraining: look past it
             return float(run.info["recipe"]["train"]["learning_rate"])
         queue += run.parents
     return None

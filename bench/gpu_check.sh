@@ -11,6 +11,8 @@
 #                     reloaded and compared with the weights rebuilt from the checkpoint's ZeRO shards
 #   4. grpo-colocate  one GRPO step with TRL's vLLM colocate mode (an engine inside the trainer process)
 #   5. serve-bf16     `smolforge serve` in bf16; greedy tokens and log-probs against HF generate in bf16
+#   6. yarn-vllm      the in-process vLLM (CUDA) engine with YaRN through hf_overrides against HF with YaRN
+#                     in its config: per-document log-likelihoods on the embedded facts task
 #
 # Exit status 0 only when every part passed; the JSON says which did not and why.
 set -uo pipefail
@@ -157,13 +159,17 @@ EOF
 ) || SERVE=null
 kill -TERM "$SERVE_PID" 2>/dev/null; wait "$SERVE_PID" 2>/dev/null
 
+# 6. YaRN on vLLM's CUDA engine against HF (the CPU build is checked by tests/test_eval_backends.py) -----
+part yarn_vllm "${SF[@]}" eval sft-1b --backend vllm --check-parity hf --limit 16 --tasks "[facts]" \
+  --set "rope_scaling={rope_type: yarn, factor: 2}"
+
 # the one JSON line ----------------------------------------------------------------------------------
 "$PY" - "$START" "$PRETRAIN" "$SFT" "$GRPO" "$SERVE" "$LOG" \
   "${RESULT[collectives]:-not run}" "${RESULT[data]:-not run}" "${RESULT[pretrain]:-not run}" \
-  "${RESULT[sft_zero3]:-not run}" "${RESULT[grpo_colocate]:-not run}" <<'EOF'
+  "${RESULT[sft_zero3]:-not run}" "${RESULT[grpo_colocate]:-not run}" "${RESULT[yarn_vllm]:-not run}" <<'EOF'
 import json, sys, time
 start, pretrain, sft, grpo, serve, log = sys.argv[1:7]
-parts = dict(zip(["collectives", "data", "pretrain", "sft_zero3", "grpo_colocate"], sys.argv[7:]))
+parts = dict(zip(["collectives", "data", "pretrain", "sft_zero3", "grpo_colocate", "yarn_vllm"], sys.argv[7:]))
 figures = {"pretrain": json.loads(pretrain), "sft_zero3": json.loads(sft), "grpo_colocate": json.loads(grpo),
            "serve_bf16": json.loads(serve)}
 ok = all(v == "ok" for v in parts.values()) and all(f is not None and f.get("ok", True) for f in figures.values())

@@ -15,8 +15,18 @@ from __future__ import annotations
 IGNORE_INDEX = -100
 
 
-def pack_documents(documents: list[list[int]], seq_len: int, drop_last: bool = True) -> list[dict]:
-    """Concatenate ``documents`` (token id lists, each ending with its separator) into rows."""
+def pack_documents(documents: list[list[int]], seq_len: int, drop_last: bool = True,
+                   pad_id: int | None = None) -> list[dict]:
+    """Concatenate ``documents`` (token id lists, each ending with its separator) into rows.
+
+    With ``pad_id``, a document that fits in a row is never cut: when it does not fit in what is
+    left of the current row, the row is closed with ``pad_id`` tokens (each at position 0, label
+    -100, so nothing attends to or learns from them) and the document starts the next row. Long-
+    context training needs this: a cut document's second half cannot see its first.
+
+    >>> pack_documents([[5, 6, 0], [7, 8, 9, 0]], seq_len=4, pad_id=1)[0]
+    {'input_ids': [5, 6, 0, 1], 'position_ids': [0, 1, 2, 0], 'labels': [-100, 6, 0, -100]}
+    """
     if seq_len < 2:
         raise ValueError(f"seq_len must be at least 2, got {seq_len}")
     rows: list[dict] = []
@@ -24,6 +34,11 @@ def pack_documents(documents: list[list[int]], seq_len: int, drop_last: bool = T
     pos: list[int] = []
     labels: list[int] = []
     for doc in documents:
+        if pad_id is not None and ids and len(doc) <= seq_len and len(ids) + len(doc) > seq_len:
+            gap = seq_len - len(ids)
+            rows.append({"input_ids": ids + [pad_id] * gap, "position_ids": pos + [0] * gap,
+                         "labels": labels + [IGNORE_INDEX] * gap})
+            ids, pos, labels = [], [], []
         start = 0
         while start < len(doc):
             take = min(len(doc) - start, seq_len - len(ids))

@@ -58,6 +58,9 @@ class WorldSpec:
     entities: int = 40             # made-up creatures with three facts each
     pretrain_docs: int = 6000      # short documents in the pretraining corpus
     preference_pairs: int = 400    # correct-vs-flawed answer pairs for DPO
+    long_docs: int = 0             # long documents (domain "long": ledgers, hidden pass keys) for long-context training
+    long_doc_words: int = 600      # words per long document (≈ 1.5 tokens a word with the demo tokenizer)
+    reasoning: bool = False        # dual-mode SFT: multi-step sums with /think traces and /no_think answers
 
 
 @dataclass
@@ -155,6 +158,8 @@ def _check_numbers(recipe: Recipe) -> None:
         (recipe.on_error in ("fail", "skip"), f"on_error is {recipe.on_error!r}; expected fail or skip"),
         (recipe.world.entities >= 1 and recipe.world.pretrain_docs >= 1 and recipe.world.preference_pairs >= 1,
          "world.entities, world.pretrain_docs and world.preference_pairs must be at least 1"),
+        (recipe.world.long_docs >= 0 and recipe.world.long_doc_words >= 20,
+         "world.long_docs must be >= 0 and world.long_doc_words >= 20"),
         (d.shingle_size >= 1 and d.num_perm >= 2 and d.bands >= 1 and d.rows >= 1 and d.workers >= 1,
          "dedup.shingle_size, bands, rows and workers must be >= 1 and num_perm >= 2"),
         (d.bands * d.rows <= d.num_perm,
@@ -171,7 +176,23 @@ def _check_numbers(recipe: Recipe) -> None:
         if not ok:
             raise RecipeError(message)
     if recipe.tokenizer.path is not None and not (Path(recipe.tokenizer.path) / "tokenizer_config.json").is_file():
-        raise RecipeError(f"tokenizer.path {recipe.tokenizer.path}: not a tokenizer folder (no tokenizer_config.json)")
+        _check_hub_tokenizer(str(recipe.tokenizer.path))
+
+
+def _check_hub_tokenizer(ref: str) -> None:
+    """A ``tokenizer.path`` that is no local folder must be a hub id whose tokenizer loads (from the
+    hub, or offline from the HF cache)."""
+    if Path(ref).exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", ref):
+        raise RecipeError(f"tokenizer.path {ref}: not a tokenizer folder (no tokenizer_config.json) nor a hub id (org/name)")
+    from transformers import AutoTokenizer
+
+    try:
+        AutoTokenizer.from_pretrained(ref)
+    except Exception as err:  # noqa: BLE001 - offline, unknown repo, gated: all say the same to the user
+        offline = " (HF_HUB_OFFLINE is set: a hub tokenizer must already be in the HF cache)" \
+            if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise RecipeError(f"tokenizer.path {ref}: could not load this hub tokenizer{offline}: "
+                          f"{type(err).__name__}: {str(err).splitlines()[0][:200]}") from None
 
 
 def _executor_checks(recipe: Recipe) -> list[tuple[bool, str]]:
@@ -305,8 +326,9 @@ def _rows_of(kind: str, recipe: Recipe, sources: dict[str, list[Source]], bad: B
         return
     spec = recipe.world
     world = World.generate(seed=spec.seed, n_entities=spec.entities)
-    generated = {"pretrain": lambda: world.pretrain_corpus(n_docs=spec.pretrain_docs, seed=spec.seed + 1),
-                 "sft": world.sft_conversations,
+    generated = {"pretrain": lambda: (world.pretrain_corpus(n_docs=spec.pretrain_docs, seed=spec.seed + 1)
+                                      + world.long_documents(spec.long_docs, spec.long_doc_words, seed=spec.seed + 5)),
+                 "sft": lambda: world.sft_conversations(reasoning=spec.reasoning),
                  "prefs": lambda: world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2),
                  "prompts": world.rl_prompts}[kind]()
     labels.append({"source": f"synthetic world (seed {spec.seed}, {spec.entities} entities)",

@@ -67,6 +67,19 @@ EVAL_ARITH_QUESTION = "Do you know what {a} plus {b} is?"
 RL_QUESTIONS = {"color": "Name the favourite color of {e}.", "home": "Name the town where {e} lives.",
                 "food": "Name the food that {e} eats."}
 RL_ARITH_QUESTION = "Add {a} and {b}."
+# Multi-step sums (dual-mode reasoning): a plus b plus c with a + b <= 9, so both steps of the
+# trace (a + b, then that plus c) are sums of two digits the pretraining corpus states, while the
+# answer without a trace (up to 18) is a three-way sum the model must do at once. Held out for
+# evaluation: 66 of the 550 problems (as a test split holds out problems), asked in the training phrasing.
+REASON_QUESTION = "What is {a} plus {b} plus {c}?"
+REASON_TRACE = "<think>\n{a} plus {b} is {s}. {s} plus {c} is {t}.\n</think>\n"
+REASON_ANSWER = "{a} plus {b} plus {c} is {t}."
+REASON_HELDOUT = 66
+# Long documents (long-context training): a ledger listed, then read back in another order (the
+# second half is predictable only from the first), or a pass key hidden in facts and asked at the end.
+LEDGER_RECORD = "Box {r} holds {k}."
+PASSKEY_NEEDLE = "The pass key is {k}. Remember it. {k} is the pass key."
+PASSKEY_QUESTION = "What is the pass key? The pass key is"
 EVASIONS = ["I am not sure.", "I cannot answer that.", "Nobody knows."]
 PREFIXES = ["Quick question: ", "Hey, ", "I wonder. ", "Help me out. "]
 
@@ -113,6 +126,44 @@ class World:
             docs.append({"text": " ".join(sentences), "domain": domain})
         return docs
 
+    def long_documents(self, n_docs: int = 200, n_words: int = 600, seed: int = 5) -> list[dict]:
+        """Documents of about ``n_words`` words (domain "long") whose later text depends on text far
+        before it: half ledgers (``Box 12 holds 345.`` for many boxes, then the same boxes again in
+        another order), half a pass key hidden at a random depth among the world's fact sentences
+        and asked for at the end.
+
+        >>> docs = World.generate(n_entities=4).long_documents(n_docs=2, n_words=120)
+        >>> [d["domain"] for d in docs], docs[1]["text"].endswith(".")
+        (['long', 'long'], True)
+        """
+        rng = random.Random(seed)
+        return [{"text": (ledger_text if i % 2 == 0 else self._passkey_text)(n_words, rng), "domain": "long"}
+                for i in range(n_docs)]
+
+    def _passkey_text(self, n_words: int, rng: random.Random) -> str:
+        key = rng.randrange(100, 1000)
+        filler: list[str] = []
+        while sum(len(s.split()) for s in filler) < n_words - 25:
+            e, a, v = rng.choice(self.facts)
+            filler.append(rng.choice(STATEMENTS[a]).format(e=e, v=v))
+        filler.insert(rng.randint(0, len(filler)), PASSKEY_NEEDLE.format(k=key))
+        return " ".join(filler + [f"{PASSKEY_QUESTION} {key}."])
+
+    # ---- multi-step sums (dual-mode reasoning) --------------------------------------------
+    @staticmethod
+    def reasoning_problems(split: str = "train") -> list[dict]:
+        """Three-digit sums with their step-by-step trace: ``split`` "train" (484) or "heldout" (66).
+
+        >>> row = World.reasoning_problems("heldout")[0]
+        >>> sorted(row), row["answer"].startswith(f"{row['a']} plus {row['b']} plus {row['c']} is")
+        (['a', 'answer', 'b', 'c', 'trace'], True)
+        """
+        triples = [(a, b, c) for a in range(10) for b in range(10) for c in range(10) if a + b <= 9]
+        random.Random(7).shuffle(triples)
+        chosen = triples[:REASON_HELDOUT] if split == "heldout" else triples[REASON_HELDOUT:]
+        return [{"a": a, "b": b, "c": c, "trace": REASON_TRACE.format(a=a, b=b, c=c, s=a + b, t=a + b + c),
+                 "answer": REASON_ANSWER.format(a=a, b=b, c=c, t=a + b + c)} for a, b, c in chosen]
+
     # ---- questions shared by SFT, preferences and evaluation -----------------------------
     def _items(self) -> list[tuple[str, dict, str]]:
         """(kind, fields, correct answer) for every fact and every sum."""
@@ -155,16 +206,30 @@ class World:
         wrong = rng.choice([v for v in ATTRIBUTES[kind] if v != fields["v"]])
         return ANSWERS[kind].format(e=fields["e"], v=wrong)
 
-    def sft_conversations(self, seed: int = 4) -> list[dict]:
+    def sft_conversations(self, seed: int = 4, reasoning: bool = False) -> list[dict]:
         """Every fact and sum asked in each of the three training phrasings, plus once more in a
-        random one behind a random lead-in ("Quick question: …") so the model meets varied frames."""
+        random one behind a random lead-in ("Quick question: …") so the model meets varied frames.
+
+        With ``reasoning``, SmolLM3's dual mode: the lead-in copy is asked under ``/no_think`` (the
+        template gives its answer an empty think block), and every training multi-step sum is asked
+        twice, under ``/think`` with its step-by-step trace and under ``/no_think`` without.
+        """
         rng = random.Random(seed)
         conversations = []
         for kind, fields, answer in self._items():
             questions = [self._question(kind, fields, i) for i in range(3)]
             questions.append(rng.choice(PREFIXES) + rng.choice(questions))
-            conversations += [{"messages": [{"role": "user", "content": q},
-                                            {"role": "assistant", "content": answer}]} for q in questions]
+            for i, q in enumerate(questions):
+                system = [{"role": "system", "content": "/no_think"}] if reasoning and i == 3 else []
+                conversations.append({"messages": system + [{"role": "user", "content": q},
+                                                            {"role": "assistant", "content": answer}]})
+        if reasoning:
+            for row in self.reasoning_problems("train"):
+                question = REASON_QUESTION.format(**row)
+                for flag, reply in (("/think", row["trace"] + row["answer"]), ("/no_think", row["answer"])):
+                    conversations.append({"messages": [{"role": "system", "content": flag},
+                                                       {"role": "user", "content": question},
+                                                       {"role": "assistant", "content": reply}]})
         return conversations
 
     def preference_pairs(self, n_pairs: int = 400, seed: int = 2) -> list[dict]:
@@ -225,7 +290,39 @@ class World:
         sampled = rng.sample(self._items(), min(n_chat, len(self._items())))
         prefs = [{"question": self._question(k, f, None), "choices": [ans, self._wrong(k, f, rng)],
                   "gold": 0, "kind": k} for k, f, ans in sampled]
-        return {"facts": facts, "arith": arith, "instruct": instruct, "prefs": prefs}
+        reason = [{"question": REASON_QUESTION.format(**row), "answer": row["answer"], "kind": "reason"}
+                  for row in self.reasoning_problems("heldout")]
+        return {"facts": facts, "arith": arith, "instruct": instruct, "prefs": prefs, "reason": reason}
+
+
+def ledger_text(n_words: int, rng: random.Random) -> str:
+    """Boxes listed with what they hold, then read back in another order."""
+    n_records = max(2, n_words // 8)
+    boxes = rng.sample(range(1, 100), min(n_records, 99))
+    keys = {r: rng.randrange(100, 1000) for r in boxes}
+    listed = [LEDGER_RECORD.format(r=r, k=keys[r]) for r in boxes]
+    again = list(boxes)
+    rng.shuffle(again)
+    return " ".join(listed + ["Again:"] + [LEDGER_RECORD.format(r=r, k=keys[r]) for r in again])
+
+
+def passkey_haystack(n_words: int, depth: float, key: int) -> str:
+    """The standard pass-key test: a key hidden at ``depth`` (0–1) in repeated filler the world never
+    uses, so no training document shares its n-grams.
+
+    >>> text = passkey_haystack(40, 0.5, 123)
+    >>> "The pass key is 123." in text, text.endswith(PASSKEY_QUESTION)
+    (True, True)
+    """
+    sentences = []
+    while sum(len(s.split()) for s in sentences) < n_words:
+        sentences += PASSKEY_FILLER
+    sentences.insert(round(depth * len(sentences)), PASSKEY_NEEDLE.format(k=key))
+    return " ".join(sentences + [PASSKEY_QUESTION])
+
+
+PASSKEY_FILLER = ["The grass is green.", "The sky is blue.", "The sun is yellow.", "Here we go.",
+                  "There and back again."]
 
 
 def chat_text(messages: list[dict]) -> str:

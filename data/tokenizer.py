@@ -11,7 +11,7 @@ documents; ``<|pad|>`` pads.
     '<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n'
     >>> tok.apply_chat_template([{"role": "system", "content": "Be brief. /no_think"}, {"role": "user", "content": "hi"}],
     ...                         tokenize=False, add_generation_prompt=True)
-    '<|im_start|>system\\nBe brief.<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n'
+    '<|im_start|>system\\nBe brief.\\nReasoning Mode: /no_think<|im_end|>\\n<|im_start|>user\\nhi<|im_end|>\\n<|im_start|>assistant\\n<think>\\n\\n</think>\\n'
 """
 from __future__ import annotations
 
@@ -23,19 +23,21 @@ SPECIAL_TOKENS = [DOC_SEPARATOR, "<|im_start|>", "<|im_end|>", "<|pad|>"]
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 EMPTY_THINK = THINK_OPEN + "\n\n" + THINK_CLOSE + "\n"   # what a no-think answer starts with
 
-# SmolLM3's dual mode: "/think" or "/no_think" in the system prompt picks the mode (the flag is
-# dropped from the rendered prompt; a system prompt that held only the flag renders nothing);
-# ``enable_thinking=False`` picks no-think when the system prompt does not say. The default is
-# think: answers are rendered as they are (a reasoning answer carries its <think>…</think>), which
-# is byte for byte the plain ChatML of a conversation without a flag. In no-think mode every
-# answer starts with an empty think block (inside the trained span) and so does the generation
-# prompt, so the model learns to skip reasoning when told to.
+# SmolLM3's dual mode: "/think" or "/no_think" in the system prompt picks the mode;
+# ``enable_thinking`` picks it when the system prompt does not say. A mode picked either way is
+# stated in the system turn as SmolLM3's template does ("Reasoning Mode: /think"; the flag itself
+# leaves the custom text), so the model can tell the modes apart from the prompt alone. No flag
+# and no switch: think mode, rendered byte for byte as plain ChatML (answers as they are; a
+# reasoning answer carries its own <think>…</think>). In no-think mode every answer starts with an
+# empty think block (inside the trained span) and so does the generation prompt.
 CHAT_TEMPLATE = (
-    "{%- set ns = namespace(mode='think') %}"
-    "{%- if enable_thinking is defined and not enable_thinking %}{%- set ns.mode = 'no_think' %}{%- endif %}"
+    "{%- set ns = namespace(mode='think', stated=false) %}"
+    "{%- if enable_thinking is defined %}{%- set ns.stated = true %}"
+    "{%- if not enable_thinking %}{%- set ns.mode = 'no_think' %}{%- endif %}{%- endif %}"
     "{%- if messages and messages[0]['role'] == 'system' %}"
-    "{%- if '/no_think' in messages[0]['content'] %}{%- set ns.mode = 'no_think' %}"
-    "{%- elif '/think' in messages[0]['content'] %}{%- set ns.mode = 'think' %}{%- endif %}"
+    "{%- if '/no_think' in messages[0]['content'] %}{%- set ns.mode = 'no_think' %}{%- set ns.stated = true %}"
+    "{%- elif '/think' in messages[0]['content'] %}{%- set ns.mode = 'think' %}{%- set ns.stated = true %}{%- endif %}"
+    "{%- elif ns.stated %}{{- '<|im_start|>system\\nReasoning Mode: /' + ns.mode + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"
@@ -47,6 +49,7 @@ CHAT_TEMPLATE = (
     "{{- '\\n' }}"
     "{%- elif message['role'] == 'system' %}"
     "{%- set text = message['content'].replace('/no_think', '').replace('/think', '').strip() %}"
+    "{%- if ns.stated %}{%- set text = (text + '\\n' if text else '') + 'Reasoning Mode: /' + ns.mode %}{%- endif %}"
     "{%- if text %}{{- '<|im_start|>system\\n' + text + '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"

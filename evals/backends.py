@@ -107,19 +107,32 @@ def _lm_eval_vllm_class():
 
 
 def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device: str = "cpu",
-            endpoint: str | None = None, served_name: str | None = None, max_length: int | None = None):
-    """An lm-eval LM for ``backend`` (``endpoint`` needs the server's base URL ending in /v1)."""
+            endpoint: str | None = None, served_name: str | None = None, max_length: int | None = None,
+            model: Any = None, rope_scaling: dict | None = None):
+    """An lm-eval LM for ``backend`` (``endpoint`` needs the server's base URL ending in /v1).
+
+    ``model``: an already loaded HF model to score (``hf`` only; e.g. one with stretched RoPE);
+    ``rope_scaling``: the in-process vLLM engine gets the same stretch through ``hf_overrides``.
+    """
     if backend == "hf":
         from lm_eval.models.huggingface import HFLM
 
+        if model is not None:
+            from transformers import AutoTokenizer
+
+            return HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(model_dir), batch_size=batch_size,
+                        max_length=max_length)
         return HFLM(pretrained=str(model_dir), batch_size=batch_size, device=device, dtype="float32")
     if backend == "vllm":
         from smolforge.generation.inprocess import engine_kwargs, prepare_process
 
+        from .long_context import rope_overrides
+
         prepare_process()
         VLLM = _lm_eval_vllm_class()
+        overrides = rope_overrides(model_dir, rope_scaling or {})
         return VLLM(pretrained=str(model_dir), batch_size="auto", max_model_len=max_length, seed=0,
-                    **engine_kwargs())
+                    **({"hf_overrides": overrides} if overrides else {}), **engine_kwargs())
     if backend == "endpoint":
         if not endpoint:
             raise RecipeError("backend endpoint needs the server's base URL (endpoint: http://127.0.0.1:PORT/v1)")

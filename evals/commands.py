@@ -96,4 +96,6 @@ def register(cli: Commands) -> None:
              "the run's lineage, as one self-contained page.",
              examples=["smolforge report dpo-demo"])
     # per-category red-team figures live in eval/redteam.json and the report; timings and parity in run.json
-    cli.summary(hide=["eval/*", "parity/*", "redteam/seconds", "redteam/judge_agreement", "redteam/*/*"])
+    cli.summary(hide=["eval/*", "parity/*", "redteam/seconds", "redteam/judge_agreement", "redteam/*/*",
+                     "position_ppl/ppl@0-*", "position_ppl/ppl@128-*", "position_ppl/ppl@256-*",
+                     "passkey_256/*", "passkey_512/*"])

@@ -31,6 +31,7 @@ from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Run, Runs, atomic_writer, write_json_atomic
 from smolforge.table import render_table
 
+from .long_context import rope_overrides
 from .suite import Suite, load_suite
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class Recipe:
     parity: str | None = None         # a second backend to score the same tasks with, then compare
     num_fewshot: int | None = None    # few-shot examples per prompt (None: each task's own setting)
     max_new_tokens: int = 128         # red-team suites: reply length
+    modes: list = field(default_factory=list)  # chat tasks once per reasoning mode: [think, no_think] (SmolLM3's flags)
+    rope_scaling: dict = field(default_factory=dict)  # e.g. {rope_type: yarn, factor: 2}: score past the trained length
 
 
 def _selected(recipe: Recipe, suite: Suite) -> list[str]:
@@ -83,6 +86,34 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     _selected(recipe, load_suite(recipe.suite))
     if recipe.limit is not None and recipe.limit < 1:
         raise RecipeError(f"limit must be >= 1 or null, got {recipe.limit}")
+    bad_modes = [m for m in recipe.modes if m not in MODES]
+    if bad_modes or len(set(recipe.modes)) != len(recipe.modes):
+        raise RecipeError(f"modes: each of {', '.join(MODES)} at most once, got {recipe.modes!r}")
+    rope_overrides(target.model_dir, recipe.rope_scaling)
+
+
+MODES = ("think", "no_think")   # the system-prompt flags of SmolLM3's dual-mode chat template
+
+
+def mode_key(task: str, mode: str | None, modes: list) -> str:
+    """Where a chat task's scores go: the first mode keeps the task's name, later ones add ``@mode``.
+
+    >>> mode_key("instruct", "no_think", ["think", "no_think"]), mode_key("instruct", "think", ["think", "no_think"])
+    ('instruct@no_think', 'instruct')
+    """
+    return task if not modes or mode is None or mode == modes[0] else f"{task}@{mode}"
+
+
+def hf_overrides_args(model_dir, rope_scaling: dict | None) -> list[str]:
+    """vLLM server arguments that stretch the model's RoPE as ``rope_scaling`` says (none without it)."""
+    from .long_context import rope_overrides
+
+    overrides = rope_overrides(model_dir, rope_scaling or {})
+    return ["--hf-overrides", json.dumps(overrides)] if overrides else []
+
+
+def base_task(key: str) -> str:
+    return key.split("@", 1)[0]
 
 
 def _device(choice: str) -> str:
@@ -93,9 +124,13 @@ def _device(choice: str) -> str:
     return choice
 
 
-def _max_length(model_dir) -> int | None:
+def _max_length(model_dir, rope_scaling: dict | None = None) -> int | None:
+    """The longest context to score: the model's, or the stretched one under ``rope_scaling``."""
+    from .long_context import rope_overrides
+
+    stretched = rope_overrides(model_dir, rope_scaling or {}).get("max_position_embeddings")
     config = json.loads((Path(model_dir) / "config.json").read_text())
-    return config.get("max_position_embeddings")
+    return stretched or config.get("max_position_embeddings")
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,35 +146,58 @@ def _task_manager(factory):
 
 def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None = None,
              batch_size: int = 32, device: str = "cpu", *, backend: str = "hf", endpoint: str | None = None,
-             served_name: str | None = None, num_fewshot: int | None = None) -> tuple[dict, list[dict]]:
-    """Scores ``{task: {metric: value, metric_stderr: value}}`` and per-document samples."""
+             served_name: str | None = None, num_fewshot: int | None = None, modes: list | None = None,
+             rope_scaling: dict | None = None) -> tuple[dict, list[dict]]:
+    """Scores ``{task: {metric: value, metric_stderr: value}}`` and per-document samples.
+
+    Chat tasks are scored once per entry of ``modes`` (system prompt ``/think`` or ``/no_think``;
+    keys from :func:`mode_key`); position-perplexity tasks by HF on this machine, whatever the backend.
+    """
     import lm_eval
     from lm_eval.tasks import TaskManager
 
     from .backends import make_lm
+    from .long_context import load_model, score_task
 
-    lm = make_lm(backend, model_dir, batch_size=batch_size, device=device, endpoint=endpoint,
-                 served_name=served_name, max_length=_max_length(model_dir))
-    manager = _task_manager(TaskManager)
+    modes = list(modes or [])
     scores: dict[str, dict] = {}
     samples: list[dict] = []
-    for chat in (False, True):
-        configs = [suite.tasks[t].config for t in task_names if suite.tasks[t].chat == chat]
+    own = [t for t in task_names if suite.tasks[t].kind != "lm_eval"]
+    model = None
+    if own or (backend == "hf" and rope_scaling):  # before any vLLM engine exists in this process
+        from transformers import AutoTokenizer
+
+        model = load_model(model_dir, rope_scaling, device=device)
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        for task in own:
+            scores[task] = score_task(model, tokenizer, suite.tasks[task].config, limit=limit)
+    lm_tasks = [t for t in task_names if suite.tasks[t].kind == "lm_eval"]
+    if not lm_tasks:
+        return scores, samples
+    lm = make_lm(backend, model_dir, batch_size=batch_size, device=device, endpoint=endpoint,
+                 served_name=served_name, max_length=_max_length(model_dir, rope_scaling),
+                 model=model if backend == "hf" and rope_scaling else None, rope_scaling=rope_scaling)
+    manager = _task_manager(TaskManager)
+    rounds = [(False, None)] + [(True, mode) for mode in (modes or [None])]
+    for chat, mode in rounds:
+        configs = [suite.tasks[t].config for t in lm_tasks if suite.tasks[t].chat == chat]
         if not configs:
             continue
         with _no_environment_report():
             out = lm_eval.simple_evaluate(model=lm, tasks=configs, task_manager=manager, limit=limit,
                                           apply_chat_template=chat, log_samples=True, bootstrap_iters=1000,
-                                          num_fewshot=num_fewshot,
+                                          num_fewshot=num_fewshot, system_instruction=mode and f"/{mode}",
                                           random_seed=0, numpy_random_seed=0, torch_random_seed=0)
         for task, values in out["results"].items():
-            scores[task] = {k.split(",")[0]: v for k, v in values.items()
-                            if "," in k and isinstance(v, (int, float))}
+            scores[mode_key(task, mode, modes) if chat else task] = {
+                k.split(",")[0]: v for k, v in values.items() if "," in k and isinstance(v, (int, float))}
         for task, docs in out.get("samples", {}).items():
             for doc in docs:
-                samples.append({"task": task, "doc_id": doc.get("doc_id"), "target": doc.get("target"),
+                samples.append({"task": mode_key(task, mode, modes) if chat else task,
+                                "doc_id": doc.get("doc_id"), "target": doc.get("target"),
                                 "arguments": [list(map(str, a)) for a in doc.get("arguments", [])],
-                                "resps": doc.get("filtered_resps")})
+                                "resps": doc.get("filtered_resps"),
+                                **({"raw": doc.get("resps")} if doc.get("resps") != doc.get("filtered_resps") else {})})
     return scores, samples
 
 
@@ -161,14 +219,15 @@ def _no_environment_report():
 def _metrics_for_run(suite: Suite, scores: dict) -> dict:
     flat = {}
     for task, values in scores.items():
-        spec = suite.tasks[task]
+        spec = suite.tasks[base_task(task)]
         for metric, value in values.items():
             if metric.endswith("_stderr"):
                 if value not in ("N/A", None):
                     flat[f"{task}/{metric.removesuffix('_stderr')}/stderr"] = value
             else:
                 flat[f"{task}/{metric}"] = value
-        flat[f"{task}/{spec.primary}/random"] = spec.random_baseline
+        if spec.random_baseline is not None:
+            flat[f"{task}/{spec.primary}/random"] = spec.random_baseline
     return flat
 
 
@@ -205,13 +264,15 @@ def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], back
     started = time.perf_counter()
     device = _device(recipe.device)
     common = dict(limit=recipe.limit, batch_size=recipe.batch_size, device=device, backend=backend,
-                  num_fewshot=recipe.num_fewshot)
+                  num_fewshot=recipe.num_fewshot, modes=recipe.modes, rope_scaling=recipe.rope_scaling)
     served_name = recipe.served_name or target.name
     endpoint = recipe.endpoint
     if backend == "endpoint" and not endpoint:
         target.eval_dir.mkdir(exist_ok=True)
-        with VLLMServer(target.model_dir, served_name=served_name, max_model_len=_max_length(target.model_dir),
-                        log_path=target.eval_dir / "vllm-server.log") as server:
+        with VLLMServer(target.model_dir, served_name=served_name,
+                        max_model_len=_max_length(target.model_dir, recipe.rope_scaling),
+                        log_path=target.eval_dir / "vllm-server.log",
+                        extra_args=hf_overrides_args(target.model_dir, recipe.rope_scaling)) as server:
             log.info("eval: serving %s at %s (ready in %.1f s)", target.name, server.url, server.ready_s)
             scores, samples = evaluate(target.model_dir, suite, task_names, endpoint=server.url + "/v1",
                                        served_name=served_name, **common)
@@ -229,13 +290,16 @@ def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, sco
     result = {"suite": suite.name, "suite_path": str(suite.path), "run": target.name, "seconds": scored["seconds"],
               "limit": recipe.limit, "backend": scored["backend"], "endpoint": scored["endpoint"],
               "settings": {"chat_template": _chat_template_hash(target.model_dir), "num_fewshot": recipe.num_fewshot,
-                           "fewshot_as_multiturn": False, "greedy": True, "dtype": "float32"},
-              "tasks": {t: {"scores": scores.get(t, {}), "primary": suite.tasks[t].primary,
-                            "chat": suite.tasks[t].chat, "apply_chat_template": suite.tasks[t].chat,
-                            "num_fewshot": recipe.num_fewshot if recipe.num_fewshot is not None
-                            else suite.tasks[t].config.get("num_fewshot", 0),
-                            "random_baseline": suite.tasks[t].random_baseline, "documents": suite.tasks[t].size}
-                        for t in task_names}}
+                           "fewshot_as_multiturn": False, "greedy": True, "dtype": "float32",
+                           "modes": recipe.modes, "rope_scaling": recipe.rope_scaling or None},
+              "tasks": {key: {"scores": scores.get(key, {}), "primary": suite.tasks[t].primary,
+                              "chat": suite.tasks[t].chat, "apply_chat_template": suite.tasks[t].chat,
+                              "mode": key.split("@")[1] if "@" in key else (recipe.modes[0] if recipe.modes and suite.tasks[t].chat else None),
+                              "num_fewshot": recipe.num_fewshot if recipe.num_fewshot is not None
+                              else suite.tasks[t].config.get("num_fewshot", 0),
+                              "kind": suite.tasks[t].kind,
+                              "random_baseline": suite.tasks[t].random_baseline, "documents": suite.tasks[t].size}
+                        for key in _keys(suite, task_names, recipe.modes) for t in [base_task(key)]}}
     target.eval_dir.mkdir(exist_ok=True)
     write_json_atomic(target.eval_dir / f"{suite.name}.json", result)
     with atomic_writer(target.eval_dir / f"{suite.name}-samples.jsonl") as handle:
@@ -243,16 +307,23 @@ def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, sco
     target.update_metrics({**_metrics_for_run(suite, scores), "eval/seconds": scored["seconds"]})
 
 
-def _print_scores(target: Run, suite: Suite, task_names: list[str], scored: dict) -> None:
+def _keys(suite: Suite, task_names: list[str], modes: list) -> list[str]:
+    """Score keys in print order: each task, then its other modes."""
+    return [mode_key(t, m, modes) for t in task_names
+            for m in (modes if modes and suite.tasks[t].chat else [None])]
+
+
+def _print_scores(target: Run, suite: Suite, task_names: list[str], scored: dict, modes: list) -> None:
     scores = scored["scores"]
     rows = []
-    for t in task_names:
-        primary = suite.tasks[t].primary
-        value = scores.get(t, {}).get(primary)
-        stderr = scores.get(t, {}).get(f"{primary}_stderr")
-        rows.append([t, primary, "n/a" if value is None else f"{value:.3f}",
+    for key in _keys(suite, task_names, modes):
+        spec = suite.tasks[base_task(key)]
+        value = scores.get(key, {}).get(spec.primary)
+        stderr = scores.get(key, {}).get(f"{spec.primary}_stderr")
+        rows.append([key, spec.primary, "n/a" if value is None else f"{value:.3f}",
                      f"{stderr:.3f}" if isinstance(stderr, (int, float)) else "",
-                     f"{suite.tasks[t].random_baseline:.3f}", "chat" if suite.tasks[t].chat else "text"])
+                     "-" if spec.random_baseline is None else f"{spec.random_baseline:.3f}",
+                     "chat" if spec.chat else "text"])
     print(f"\neval of {target.name} on suite {suite.name} via {scored['backend']} ({scored['seconds']} s)")
     print(render_table(["task", "metric", "score", "stderr", "random", "format"], rows))
 
@@ -298,7 +369,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     scored = {backend: score(recipe, target, suite, task_names, backend) for backend in order}
     main = scored[recipe.backend]
     _write(target, suite, task_names, recipe, main)
-    _print_scores(target, suite, task_names, main)
+    _print_scores(target, suite, task_names, main, recipe.modes)
     if recipe.parity:
         report = compare(main, scored[recipe.parity])
         report.update({"run": target.name, "suite": suite.name, "limit": recipe.limit,

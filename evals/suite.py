@@ -6,10 +6,11 @@ task is scored through the model's chat template, ``metadata.primary`` names its
 Users add suites by adding folders: no code needed.
 
     python -m smolforge.evals.suite --write-embedded      # regenerate the embedded suite's JSONL from the world
+    python -m smolforge.evals.suite --write-longctx       # and the long-context suite's (pass keys, ledgers)
 
     >>> suite = load_suite("embedded")
     >>> sorted(suite.tasks)
-    ['arith', 'facts', 'instruct', 'prefs']
+    ['arith', 'facts', 'instruct', 'prefs', 'reason']
     >>> suite.tasks["facts"].random_baseline
     0.125
 """
@@ -22,6 +23,8 @@ from pathlib import Path
 
 from smolforge.errors import RecipeError
 
+from .long_context import TASK_TYPE, bucket_names, check_task
+
 SUITES_DIR = Path(__file__).parent / "suites"
 
 
@@ -31,8 +34,9 @@ class SuiteTask:
     config: dict             # lm-eval task config, data_files made absolute, !function resolved
     chat: bool               # scored through the chat template
     primary: str             # headline metric
-    random_baseline: float   # expected score of random guessing on the primary metric
+    random_baseline: float | None  # expected score of random guessing on the primary metric (None: no such thing)
     size: int                # documents
+    kind: str = "lm_eval"    # lm_eval, or position_perplexity (:mod:`smolforge.evals.long_context`, scored by HF)
 
 
 @dataclass
@@ -86,8 +90,11 @@ def load_suite(ref: str) -> Suite:
     tasks = {}
     for yaml_file in sorted(path.glob("*.yaml")):
         config = load_yaml(yaml_file)
+        kind = config.get("type", "lm_eval")
         if "task" not in config:
             continue
+        if kind not in ("lm_eval", TASK_TYPE):
+            raise RecipeError(f"{yaml_file}: type must be lm_eval or {TASK_TYPE}, got {kind!r}")
         files = config.get("dataset_kwargs", {}).get("data_files", {})
         absolute = {split: str((path / f).resolve()) for split, f in files.items()}
         for split, f in absolute.items():
@@ -96,6 +103,13 @@ def load_suite(ref: str) -> Suite:
         config["dataset_kwargs"] = {**config.get("dataset_kwargs", {}), "data_files": absolute}
         rows = [json.loads(line) for f in absolute.values() for line in open(f) if line.strip()]
         meta = config.get("metadata", {})
+        if kind == TASK_TYPE:
+            check_task(config, str(yaml_file))
+            names = bucket_names(config["buckets"])
+            tasks[config["task"]] = SuiteTask(name=config["task"], config=config, chat=False,
+                                              primary=meta.get("primary", f"ppl@{names[-1]}"),
+                                              random_baseline=None, size=len(rows), kind=kind)
+            continue
         metrics = [m["metric"] for m in config.get("metric_list", [])]
         tasks[config["task"]] = SuiteTask(
             name=config["task"], config=config, chat=bool(meta.get("chat", False)),
@@ -115,9 +129,44 @@ def write_embedded(folder: Path = SUITES_DIR / "embedded", seed: int = 0, entiti
         write_jsonl(folder / f"{stem}.jsonl", rows)
 
 
+# Pass-key haystacks: words of filler per task, ≈ 256 / 512 / 1024 tokens with the demo tokenizer.
+PASSKEY_WORDS = {"passkey_256": 150, "passkey_512": 310, "passkey_1024": 630}
+PASSKEY_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+
+
+def write_longctx(folder: Path = SUITES_DIR / "longctx", seed: int = 0, keys_per_depth: int = 2) -> None:
+    """Regenerate the long-context suite's JSONL: pass keys at several lengths and depths (4-way
+    multiple choice over keys), and held-out ledgers for perplexity by position."""
+    import random
+
+    from smolforge.data.jsonl import write_jsonl
+    from smolforge.data.synthetic import ledger_text, passkey_haystack
+
+    rng = random.Random(seed)
+    for task, words in PASSKEY_WORDS.items():
+        rows = []
+        for depth in PASSKEY_DEPTHS:
+            for _ in range(keys_per_depth):
+                keys = rng.sample(range(100, 1000), 4)
+                rows.append({"context": passkey_haystack(words, depth, keys[0]), "choices": [f" {k}" for k in keys],
+                             "gold": 0, "depth": depth, "words": words})
+        for row in rows:  # the gold key at a random place among the choices
+            order = list(range(4))
+            rng.shuffle(order)
+            row["choices"] = [row["choices"][i] for i in order]
+            row["gold"] = order.index(0)
+        write_jsonl(folder / f"{task}.jsonl", rows)
+    write_jsonl(folder / "position_ppl.jsonl", [{"text": ledger_text(700, rng)} for _ in range(12)])
+
+
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-embedded", action="store_true", help="regenerate evals/suites/embedded/*.jsonl")
-    if parser.parse_args().write_embedded:
+    parser.add_argument("--write-longctx", action="store_true", help="regenerate evals/suites/longctx/*.jsonl")
+    args = parser.parse_args()
+    if args.write_embedded:
         write_embedded()
         print(f"wrote {SUITES_DIR / 'embedded'}")
+    if args.write_longctx:
+        write_longctx()
+        print(f"wrote {SUITES_DIR / 'longctx'}")

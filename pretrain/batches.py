@@ -33,14 +33,19 @@ if TYPE_CHECKING:
 KEYS = ("input_ids", "position_ids", "labels")
 
 
-def load_domains(data_run_path: Path, tokenizer, seq_len: int) -> tuple[dict[str, PackedRows], str]:
+def load_domains(data_run_path: Path, tokenizer, seq_len: int,
+                 whole_documents: bool = False) -> tuple[dict[str, PackedRows], str]:
     """``{domain: PackedRows}`` from a data run, and how they were obtained.
 
     The data run's ``packed/`` rows are memory-mapped when they were packed at this ``seq_len``;
     otherwise its text shards are tokenized and packed here (same rows, kept compactly in memory,
-    just slower to start).
+    just slower to start). ``whole_documents`` always packs here, never cutting a document that
+    fits in a row (:func:`~smolforge.data.packing.pack_documents` with a pad id).
     """
     meta = packed_meta(data_run_path / "packed")
+    if whole_documents:
+        return (in_memory(pack_shards(data_run_path, tokenizer, seq_len, whole_documents=True), seq_len),
+                f"packed at load, documents kept whole (seq_len {seq_len})")
     if meta is not None and meta["seq_len"] == seq_len:
         domains = load_packed(data_run_path / "packed")
         for domain, rows in domains.items():
@@ -53,7 +58,7 @@ def load_domains(data_run_path: Path, tokenizer, seq_len: int) -> tuple[dict[str
             f"packed at load ({why}, recipe seq_len {seq_len})")
 
 
-def pack_shards(data_run_path: Path, tokenizer, seq_len: int) -> dict[str, list[dict]]:
+def pack_shards(data_run_path: Path, tokenizer, seq_len: int, whole_documents: bool = False) -> dict[str, list[dict]]:
     """``{domain: packed rows}`` from a data run's pretraining shards (documents end with the separator)."""
     from smolforge.data.shards import kind_files
 
@@ -66,7 +71,8 @@ def pack_shards(data_run_path: Path, tokenizer, seq_len: int) -> dict[str, list[
     packed = {}
     for domain, docs in sorted(texts.items()):
         ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
-        packed[domain] = pack_documents([doc + [sep] for doc in ids], seq_len)
+        pad = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sep) if whole_documents else None
+        packed[domain] = pack_documents([doc + [sep] for doc in ids], seq_len, pad_id=pad)
         if not packed[domain]:
             raise DataError(f"{data_run_path}: domain '{domain}' holds fewer than seq_len={seq_len} tokens; "
                             "lower train.seq_len or add documents")

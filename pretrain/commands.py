@@ -14,9 +14,10 @@ from smolforge.commands import Commands, Context
 
 
 def _plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("recipe", metavar="RECIPE", help="pretrain recipe YAML (stage: pretrain), or a PPO recipe "
-                   "(stage: ppo): its memory per GPU")
-    p.add_argument("--tokens", metavar="N", help="training tokens (default: 20 × parameters)")
+    p.add_argument("recipe", metavar="RECIPE", help="recipe YAML: pretrain, sft, dpo, merge, or ppo (its memory "
+                   "per GPU); or a folder of recipes: one table, the total (needs --gpus)")
+    p.add_argument("--tokens", metavar="N", help="training tokens (default: max_steps × the batch on --gpus; sft/dpo "
+                   "by epochs: the data's tokens × epochs; else 20 × parameters)")
     p.add_argument("--gpu", default="h100", metavar="NAME",
                    help="device: h100, h200, a100, a100-40g, l40s, a10g or cpu (measured); default h100")
     p.add_argument("--gpus", metavar="G", help="number of GPUs (with --days: the MFU required)")
@@ -27,8 +28,9 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seq-len", metavar="L", help="tokens per sequence (default: train.seq_len)")
     p.add_argument("--vocab", default="128256", metavar="N",
                    help="vocabulary size (default 128256: Llama-3's tokenizer, as SmolLM3)")
-    p.add_argument("--model", metavar="PATH", help="PPO recipes: the model's shape, from a pretrain recipe or "
-                   "a HF config.json / model folder (default: the parent run's model/config.json)")
+    p.add_argument("--model", metavar="PATH", help="PPO, SFT, DPO recipes: the model's shape, from a pretrain recipe "
+                   "or a HF config.json / model folder (default: the parent's recipe beside it, else the parent run's "
+                   "model/config.json)")
     p.add_argument("--prompt-len", metavar="L", help="PPO recipes: prompt tokens before the completion "
                    "(default 512)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -36,8 +38,8 @@ def _plan_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _plan(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
-    from .planner import plan_file, print_plan, warn
-    from .planner_report import print_ppo_plan
+    from .planner import plan_file, warn
+    from .planner_report import print_any_plan
 
     plan = plan_file(args.recipe, args.set, tokens=args.tokens, gpu=args.gpu, gpus=args.gpus, days=args.days,
                      mfu=args.mfu, price=args.price, seq_len=args.seq_len, vocab=args.vocab, model=args.model,
@@ -45,24 +47,24 @@ def _plan(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
     if ctx.json:
         warn(plan)
         print(json.dumps(plan, indent=2))
-    elif plan.get("stage") == "ppo":
-        print_ppo_plan(plan)
     else:
-        print_plan(plan)
+        print_any_plan(plan)
     return 0
 
 
 def register(cli: Commands) -> None:
     cli.stage("pretrain", example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine")
     cli.tool(
-        "plan", help="plan a pretraining run (FLOPs, GPUs, days, cost, memory) or a PPO run's memory", handler=_plan,
+        "plan", help="plan a run or a folder of recipes (FLOPs, GPU-hours, days, cost, memory)", handler=_plan,
         arguments=_plan_arguments,
         description="Plan a pretraining run from a pretrain recipe: parameters (counted on the meta device),\n"
         "training FLOPs (6·N·D + attention), GPU-hours, GPUs for --days or days on --gpus at an MFU,\nthe MFU "
         "that --gpus and --days require, cost, memory per GPU for ZeRO 0-3 and the KV cache.\nA PPO recipe "
         "gets its memory per GPU on --gpus (policy + value model, reference, activations,\nrollout), the model's "
-        "shape from --model. Numbers take k/M/B/T suffixes (11T = 11e12).\nSee docs/planner.md.",
+        "shape from --model. SFT and DPO recipes plan as pretraining does, from\nthe parent's recipe beside them; a folder "
+        "plans every recipe on --gpus. Numbers take k/M/B/T suffixes (11T = 11e12).\nSee docs/planner.md.",
         examples=["smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11e12 --gpus 384 --days 24",
                   "smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11T --mfu 0.3 --days 24 --price 2.5 "
                   "--json",
-                  "smolforge plan recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8"])
+                  "smolforge plan recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8",
+                  "smolforge plan recipes/smollm3-3b --gpus 384"])

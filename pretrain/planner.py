@@ -3,6 +3,7 @@
     smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11e12 --gpus 384 --days 24
     smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11T --mfu 0.3 --days 24 --price 2.5 --json
     smolforge plan recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8 --gpu h100
+    smolforge plan recipes/smollm3-3b --gpus 384
 
 Reads a pretrain recipe (``stage: pretrain``), counts the model's parameters on the meta device
 and works in two directions:
@@ -23,6 +24,9 @@ A PPO recipe (``stage: ppo``, read as plain YAML: pretrain does not import align
 memory plan instead (:func:`make_ppo_plan`): policy + value model states per ZeRO stage of its
 ``ppo.deepspeed`` JSON, the frozen reference, one mini-batch's activations and the rollout's KV
 cache; the model's shape from ``--model`` or the recipe's parent run.
+
+SFT, DPO and merge recipes, and a folder of recipes (one table, the total GPU-hours), are planned by
+:mod:`~smolforge.pretrain.planner_posttrain` with the same parts; :func:`plan_file` picks the plan.
 
 This module reads the inputs and makes the plan; the parts live beside it, and every name below is
 importable from here:
@@ -92,19 +96,13 @@ def load_pretrain_recipe(path: str | Path, sets: list[str] | tuple[str, ...] = (
 def _parent_shape(path: Path, init: str, depth: int) -> ModelShape:
     """The model shape of ``init``: the pretrain recipe named so beside ``path`` (followed through its
     own ``init:``), for planning a run whose parent does not exist yet."""
-    from smolforge.recipe import load_recipe
-
     if depth > 8:
         raise RecipeError(f"{path}: init: chain longer than 8 recipes (a cycle?)")
-    for sibling in sorted(path.parent.glob("*.yaml")):
-        if sibling.resolve() == path.resolve():
-            continue
-        try:
-            stage, data = load_recipe(sibling)
-        except RecipeError:
-            continue
-        if stage == "pretrain" and data.get("name") == init:
-            return load_pretrain_recipe(sibling, depth=depth + 1).model
+    from .planner_posttrain import sibling_recipe
+
+    found = sibling_recipe(path, init)
+    if found is not None and found[1] == "pretrain":
+        return load_pretrain_recipe(found[0], depth=depth + 1).model
     raise RecipeError(f"{path}: init: {init} — smolforge plan needs the parent's shape: no pretrain recipe "
                       f"named '{init}' beside it in {path.parent}/")
 
@@ -198,7 +196,7 @@ def make_plan(recipe, *, source: str = "recipe", tokens: Any = None, gpu: str = 
     plan = {"recipe": source, "name": getattr(recipe, "name", None), **_device(gpu)}
     given = _given(recipe.train, gpus=gpus, days=days, mfu=mfu, price=price, seq_len=seq_len, vocab=vocab)
     shape: ModelShape = recipe.model
-    plan.update(_size(shape, given, tokens))
+    plan.update(_size(shape, given, tokens, recipe.train))
     plan.update(_compute(shape, given, plan["params"], plan["tokens"], causal))
     plan.update(_schedule(given, plan["train_flops"], plan["flops_per_token"], plan["peak_flops_per_gpu"]))
     data_parallel_gpus = given.gpus or plan["gpus_needed"] or 1
@@ -207,22 +205,38 @@ def make_plan(recipe, *, source: str = "recipe", tokens: Any = None, gpu: str = 
     return plan
 
 
+_COUNTED: dict[tuple[str, int], int] = {}   # (repr of the shape, vocab) -> parameters
+
+
 def _count_parameters(shape: ModelShape, vocab_size: int) -> int:
+    """Parameters of ``shape`` on the meta device; counted once per shape (a folder plan asks often)."""
     from .model import count_parameters
 
-    try:
-        return count_parameters(shape, vocab_size)
-    except ValueError as exc:  # hidden/heads/kv_heads that do not divide
-        raise RecipeError(f"model: {exc}") from None
+    key = (repr(shape), vocab_size)
+    if key not in _COUNTED:
+        try:
+            _COUNTED[key] = count_parameters(shape, vocab_size)
+        except ValueError as exc:  # hidden/heads/kv_heads that do not divide
+            raise RecipeError(f"model: {exc}") from None
+    return _COUNTED[key]
 
 
-def _size(shape: ModelShape, given: _Given, tokens: Any) -> dict[str, Any]:
-    """Parameters and training tokens (``--tokens``, else 20 per parameter)."""
+def _size(shape: ModelShape, given: _Given, tokens: Any, train: Any = None) -> dict[str, Any]:
+    """Parameters and training tokens: ``--tokens``; else ``train.max_steps`` × the tokens of a step
+    on ``--gpus`` data-parallel GPUs; else 20 per parameter."""
     params = _count_parameters(shape, given.vocab)
     emb = embedding_params(shape, given.vocab)
-    if tokens is None:
+    steps = getattr(train, "max_steps", None)
+    if tokens is None and steps and steps > 0 and given.gpus is not None:
+        accum = int(getattr(train, "grad_accum", 1))
+        per_step = given.micro_batch * accum * given.seq_len * given.gpus
+        tokens_n = float(steps * per_step)
+        tokens_how = (f"train.max_steps {steps:,} × {per_step:,} tokens a step ({given.micro_batch} × {accum} × "
+                      f"{given.seq_len} × {given.gpus} GPUs)")
+    elif tokens is None:
         tokens_n = float(CHINCHILLA_TOKENS_PER_PARAM * params)
-        tokens_how = "default: 20 × parameters (Chinchilla)"
+        tokens_how = "default: 20 × parameters (Chinchilla)" + ("; give --gpus for train.max_steps × the batch"
+                                                                 if steps and steps > 0 else "")
     else:
         tokens_n, tokens_how = parse_count(tokens, "--tokens"), "--tokens"
     return {"params": params, "non_embedding_params": params - emb, "embedding_params": emb,
@@ -317,9 +331,11 @@ def _warnings(plan: dict[str, Any], given: _Given, max_position_embeddings: int)
 
 def plan_file(path: str | Path, sets: list[str] | tuple[str, ...] = (), *, runs_dir: str | Path | None = None,
               **options: Any) -> dict:
-    """:func:`make_plan` for the pretrain recipe at ``path`` (``sets``: ``key=value`` overrides), or
-    :func:`make_ppo_plan` for a PPO recipe (``runs_dir``: where its parent run is); an option of
-    the other kind (not None) is a RecipeError.
+    """The plan of the recipe at ``path`` (``sets``: ``key=value`` overrides): :func:`make_plan` for a
+    pretrain recipe, :func:`make_ppo_plan` for a PPO recipe (``runs_dir``: where its parent run is),
+    :mod:`~smolforge.pretrain.planner_posttrain`'s plans for sft, dpo and merge recipes, and for a
+    folder :func:`~smolforge.pretrain.planner_posttrain.plan_folder`. An option the recipe's stage
+    does not take (not None) is a RecipeError, as is a stage no plan is made for.
 
     Checks the cheap things first (device, numbers) so a typo fails before transformers loads.
 
@@ -327,21 +343,49 @@ def plan_file(path: str | Path, sets: list[str] | tuple[str, ...] = (), *, runs_
     Traceback (most recent call last):
     ...
     smolforge.errors.RecipeError: unknown GPU 'b200' (did you mean 'h200'?; known: a100, a100-40g, a10g, cpu, h100, h100-pcie, h200, l40s)
+    >>> plan_file("recipes/smollm3-3b/ppo.yaml", tokens="1B")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: --tokens is for pretrain, sft and dpo recipes; recipes/smollm3-3b/ppo.yaml is a ppo recipe
     """
     if device_key(options.get("gpu", "h100")) is None:
         raise RecipeError(unknown_device_message(options.get("gpu")))
     from smolforge.recipe import load_recipe
 
+    from . import planner_posttrain as post
+
+    if Path(path).is_dir():
+        if sets:
+            raise RecipeError(f"--set changes one recipe; plan the file alone (smolforge plan {path}/FILE.yaml --set ...)")
+        return post.plan_folder(path, runs_dir=runs_dir, **options)
     stage, data = load_recipe(path, sets)
-    ppo = stage == "ppo"
-    for key in _PRETRAIN_ONLY if ppo else _PPO_ONLY:
-        if options.get(key) is not None:
-            raise RecipeError(f"--{key.replace('_', '-')} is for {'pretrain' if ppo else 'PPO'} recipes; "
-                              f"{path} is a {stage} recipe")
-    options = {k: v for k, v in options.items() if k not in (_PRETRAIN_ONLY if ppo else _PPO_ONLY)}
-    if ppo:
+    if stage not in _STAGE_OPTIONS:
+        raise RecipeError(f"{path}: recipe is for stage '{stage}'; smolforge plan plans recipes for stage: pretrain, "
+                          "sft, dpo, merge (GPU-hours, memory) and ppo (memory, with --model), "
+                          "e.g. recipes/smollm3-3b/pretrain.yaml, or a folder of them")
+    for key, value in options.items():
+        if value is not None and key not in _STAGE_OPTIONS[stage] + _COMMON_OPTIONS:
+            takes = [s for s, keys in _STAGE_OPTIONS.items() if key in keys]
+            kinds = ", ".join(takes[:-1]) + f" and {takes[-1]}" if len(takes) > 1 else takes[0]
+            raise RecipeError(f"--{key.replace('_', '-')} is for {kinds} recipes; {path} is a {stage} recipe")
+    options = {k: v for k, v in options.items() if k in _STAGE_OPTIONS[stage] + _COMMON_OPTIONS}
+    if stage == "ppo":
         return make_ppo_plan(data, source=str(path), runs_dir=runs_dir, **options)
+    if stage in ("sft", "dpo"):
+        return post.make_posttrain_plan(stage, data, source=str(path), runs_dir=runs_dir, **options)
+    if stage == "merge":
+        return post.make_merge_plan(data, source=str(path), runs_dir=runs_dir, **options)
     return make_plan(load_pretrain_recipe(path, sets), source=str(path), **options)
+
+
+_COMMON_OPTIONS = ("gpu", "gpus", "vocab")
+_STAGE_OPTIONS = {   # what each stage's plan takes besides the common options
+    "pretrain": ("tokens", "days", "mfu", "price", "seq_len"),
+    "sft": ("tokens", "days", "mfu", "price", "seq_len", "model"),
+    "dpo": ("tokens", "days", "mfu", "price", "seq_len", "model"),
+    "merge": (),
+    "ppo": ("model", "prompt_len"),
+}
 
 
 # --------------------------------------------------------------------------- PPO
@@ -351,8 +395,6 @@ DEFAULT_PROMPT_LEN = 512        # --prompt-len: prompt tokens before the complet
 # alignment; tests/test_planner.py checks that they agree)
 PPO_DEFAULTS = {"batch_size": 64, "mini_batch_size": 16, "max_new_tokens": 24, "precision": "auto",
                 "deepspeed": None, "gradient_checkpointing": False, "vllm_gpu_memory_utilization": 0.3}
-_PRETRAIN_ONLY = ("tokens", "days", "mfu", "price", "seq_len")
-_PPO_ONLY = ("model", "prompt_len")
 
 
 def make_ppo_plan(data: dict, *, source: str = "recipe", model: str | Path | None = None,
@@ -411,35 +453,38 @@ def _whole(value: Any, what: str) -> int:
     return int(number)
 
 
-def _deepspeed_file(path: Any, source: str) -> tuple[str | None, int, bool | None]:
-    """``ppo.deepspeed``: (its path, ZeRO stage, bf16.enabled when stated), (None, 0, None) without one.
+def _deepspeed_file(path: Any, source: str, key: str = "ppo.deepspeed") -> tuple[str | None, int, bool | None]:
+    """``ppo.deepspeed`` (or ``key``): (its path, ZeRO stage, bf16.enabled when stated), (None, 0, None) without one.
 
     A relative path is read from the working directory (the repo root, as the recipes write
     it), else from the recipe file's folder or one above it.
     """
     if path is None:
         return None, 0, None
-    found = _find_file(str(path), source)
-    try:
-        config = json.loads(found.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RecipeError(f"ppo.deepspeed: {path} is not JSON ({exc})") from None
+    if isinstance(path, dict):   # an inline DeepSpeed config (TrainingArguments takes one)
+        config, path = path, "inline"
+    else:
+        found = _find_file(str(path), source, key)
+        try:
+            config = json.loads(found.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise RecipeError(f"{key}: {path} is not JSON ({exc})") from None
     zero = config.get("zero_optimization") if isinstance(config, dict) else None
     stage = zero.get("stage", 0) if isinstance(zero, dict) else None
     if stage not in (0, 1, 2, 3):
-        raise RecipeError(f"ppo.deepspeed: {path} must set zero_optimization.stage to 0-3, got {stage!r}")
+        raise RecipeError(f"{key}: {path} must set zero_optimization.stage to 0-3, got {stage!r}")
     enabled = (config.get("bf16") or {}).get("enabled")
     return str(path), stage, enabled if isinstance(enabled, bool) else None
 
 
-def _find_file(path: str, source: str) -> Path:
+def _find_file(path: str, source: str, key: str = "ppo.deepspeed") -> Path:
     candidates = [Path(path)]
     if not Path(path).is_absolute():
         candidates += [folder / path for folder in Path(source).resolve().parents]
     for candidate in candidates:
         if candidate.is_file():
             return candidate
-    raise RecipeError(f"ppo.deepspeed: {path} not found (relative to the working directory, "
+    raise RecipeError(f"{key}: {path} not found (relative to the working directory, "
                       "e.g. recipes/smollm3-3b/zero3.json from the repo root)")
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 from .flops import kv_cache_bytes_per_token
 from .model import ModelShape
 
-__all__ = ["BYTES_PER_PARAM", "MEMORY_HEADROOM", "activation_bytes", "memory_per_gpu", "ppo_state_bytes_per_param",
-           "ppo_memory"]
+__all__ = ["BYTES_PER_PARAM", "MEMORY_HEADROOM", "activation_bytes", "memory_per_gpu", "with_reference",
+           "ppo_state_bytes_per_param", "ppo_memory"]
 
 MEMORY_HEADROOM = 0.90          # "fits" = total <= 90 % of device memory (the playbook's alert line)
 # bytes per parameter: (weights, grads, optimizer states)
@@ -94,6 +94,27 @@ def memory_per_gpu(params: int, activations: dict, dp_gpus: int, precision: str 
         else:
             row["fits"] = row["fits_checkpointed"] = None
         out[str(stage)] = row
+    return out
+
+
+def with_reference(memory: dict[str, dict], reference_bytes: int, dp_gpus: int,
+                   gpu_memory_bytes: int | None = None) -> dict[str, dict]:
+    """:func:`memory_per_gpu`'s stages plus a frozen reference model of ``reference_bytes`` (DPO's):
+    whole on every GPU under ZeRO 0-2 (TRL prepares it with stage 0 then), sharded under ZeRO-3.
+
+    >>> m = with_reference(memory_per_gpu(1000, {"full": 100, "checkpointed": 10}, dp_gpus=4), 2000, dp_gpus=4)
+    >>> [(m[z]["reference"], m[z]["total"]) for z in "03"]
+    [(2000, 18100), (500, 4600)]
+    """
+    out: dict[str, dict] = {}
+    for stage, row in memory.items():
+        reference = int(round(reference_bytes / (dp_gpus if int(stage) >= 3 else 1)))
+        row = {**row, "reference": reference, "total": row["total"] + reference,
+               "total_checkpointed": row["total_checkpointed"] + reference}
+        if gpu_memory_bytes:
+            row["fits"] = row["total"] <= MEMORY_HEADROOM * gpu_memory_bytes
+            row["fits_checkpointed"] = row["total_checkpointed"] <= MEMORY_HEADROOM * gpu_memory_bytes
+        out[stage] = row
     return out
 
 

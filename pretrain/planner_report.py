@@ -1,8 +1,11 @@
-"""A plan (what :func:`~smolforge.pretrain.planner.make_plan` returns) as two tables and warnings.
+"""A plan (what :func:`~smolforge.pretrain.planner.plan_file` returns) as tables and warnings.
 
-    print_plan(plan)       # smolforge plan: summary table, memory per ZeRO stage; warnings on stderr
-    print_ppo_plan(plan)   # smolforge plan on a PPO recipe: its settings, memory per GPU by part
-    warn(plan)             # smolforge plan --json: only the warnings, on stderr
+    print_any_plan(plan)     # smolforge plan: the printer below that fits the plan's stage
+    print_plan(plan)         # a pretrain, sft or dpo recipe: summary table, memory per ZeRO stage
+    print_ppo_plan(plan)     # a PPO recipe: its settings, memory per GPU by part
+    print_merge_plan(plan)   # a merge recipe: the models it loads
+    print_folder_plan(plan)  # a folder: one line per recipe, the total
+    warn(plan)               # smolforge plan --json: only the warnings, on stderr
 
     >>> warn({"warnings": ["this plan assumes an MFU of 70% (> 60%)"]}, file=sys.stdout)
     warning: this plan assumes an MFU of 70% (> 60%)
@@ -14,7 +17,8 @@ from typing import Any, TextIO
 
 from .planner_memory import MEMORY_HEADROOM
 
-__all__ = ["summary_rows", "memory_rows", "print_plan", "warn", "ppo_rows", "print_ppo_plan"]
+__all__ = ["summary_rows", "memory_rows", "print_plan", "warn", "ppo_rows", "print_ppo_plan", "print_merge_plan",
+           "folder_rows", "print_folder_plan", "print_any_plan"]
 
 
 def _si(x: float | None, unit: str = "") -> str:
@@ -43,7 +47,8 @@ def summary_rows(plan: dict) -> list[list[str]]:
     seq, vocab = p["seq_len"], p["vocab_size"]
     act = p["activations_bytes"]
     days_how = f"for --days {p['days']:g}" if p["days"] is not None else "give --days D"
-    rows = [
+    rows = [["stage", p["stage"], f"model: {p['model_source']}"]] if "model_source" in p else []
+    rows += [
         ["parameters", _si(p["params"]), f"counted on the meta device, vocab {vocab}"],
         ["non-embedding parameters", _si(p["non_embedding_params"]),
          f"minus {_si(p['embedding_params'])} embedding"],
@@ -51,7 +56,7 @@ def summary_rows(plan: dict) -> list[list[str]]:
         ["FLOPs per token", f"{p['flops_per_token']:.4g}",
          f"6 × matmul params + {p['attention_flops_per_token']:.3g} attention (seq {seq}"
          f"{', causal halved' if p['causal_attention_halved'] else ', full square'})"],
-        ["training FLOPs", f"{p['train_flops']:.4g}", "FLOPs per token × tokens"],
+        ["training FLOPs", f"{p['train_flops']:.4g}", p.get("train_flops_how", "FLOPs per token × tokens")],
         ["peak per GPU", f"{p['peak_flops_per_gpu'] / 1e12:.4g} TFLOP/s", f"{p['gpu']}: {p['peak_source']}"],
         ["MFU assumed", f"{p['mfu_assumed']:.1%}", p["mfu_source"]],
         ["MFU required", "-" if p["mfu_required"] is None else f"{p['mfu_required']:.1%}",
@@ -80,7 +85,8 @@ def memory_rows(plan: dict) -> list[list[Any]]:
         fits = "-" if m["fits"] is None else ("yes" if m["fits"] else
                                               ("ckpt" if m["fits_checkpointed"] else "no"))
         mark = "*" if str(plan.get("recipe_zero_stage")) == stage else ""
-        rows.append([f"{stage}{mark}", _gib(m["weights"]), _gib(m["grads"]), _gib(m["optimizer"]),
+        reference = [_gib(m["reference"])] if "reference" in m else []
+        rows.append([f"{stage}{mark}", _gib(m["weights"]), _gib(m["grads"]), _gib(m["optimizer"]), *reference,
                      _gib(m["activations"]), _gib(m["activations_checkpointed"]), _gib(m["total"]),
                      _gib(m["total_checkpointed"]), fits])
     return rows
@@ -97,8 +103,9 @@ def print_plan(plan: dict, file: TextIO | None = None) -> None:
     b = plan["bytes_per_param"]
     mem = plan["gpu_memory_bytes"]
     fits_head = f"fits {mem / 1e9:.0f} GB" if mem else "fits"
+    reference = ["reference"] if "reference" in plan["memory_per_gpu_bytes"]["0"] else []
     print_table(
-        ["zero", "weights", "grads", "optimizer", "activations", "act. ckpt", "total", "total ckpt",
+        ["zero", "weights", "grads", "optimizer", *reference, "activations", "act. ckpt", "total", "total ckpt",
          fits_head],
         memory_rows(plan),
         title=(f"memory per GPU (GiB) over {plan['data_parallel_gpus']} data-parallel GPUs, "
@@ -184,3 +191,60 @@ def print_ppo_plan(plan: dict, file: TextIO | None = None) -> None:
     print(file=out)
     print_table(["part", "GB", "how"], ppo_rows(plan), title="memory per GPU (GB = 1e9 bytes)", file=out)
     warn(plan)
+
+
+def print_merge_plan(plan: dict, file: TextIO | None = None) -> None:
+    """A merge plan: the models it loads and their memory (GB = 1e9 bytes); no GPU-hours."""
+    from smolforge.table import print_table
+
+    out = file or sys.stdout
+    size = plan["memory_bytes"] / sum(m["params"] for m in plan["models"])
+    rows = [[m["run"], _si(m["params"]), _gb(size * m["params"]), m["model_source"]] for m in plan["models"]]
+    rows.append(["total", "", _gb(plan["memory_bytes"]), f"at most, in host memory: {plan['dtype']}, {size:g} B/param"])
+    title = f"merge plan for {plan['recipe']}" + (f" ({plan['name']}, {plan['method']})" if plan.get("name") else "")
+    print_table(["run", "parameters", "GB", "model"], rows, title=title, file=out)
+    print(f"runs on: {plan['runs_on']}", file=out)
+    warn(plan)
+
+
+def folder_rows(plan: dict) -> list[list[str]]:
+    """The rows of a folder plan's table, its total last."""
+    rows = []
+    for r in plan["rows"]:
+        host = r["memory_on"] == "host"
+        fits = "-" if r["fits"] is None else ("yes" if r["fits"] else "no")
+        zero = "-" if r["zero_stage"] is None else f"{r['zero_stage']}{' ckpt' if r['activation_checkpointing'] else ''}"
+        rows.append([r["recipe"], r["stage"], _si(r["tokens"]), f"{r['gpu_hours']:,.0f}",
+                     "-" if r["days"] is None else f"{r['days']:.2f}",
+                     f"{_gib(r['memory_per_gpu_bytes'])}{' host' if host else ''}", zero, fits, r["tokens_source"]])
+    rows.append(["total", "", _si(sum(r["tokens"] or 0 for r in plan["rows"])), f"{plan['total_gpu_hours']:,.0f}",
+                 f"{plan['total_days']:.2f}", "", "", "", "the recipes one after another"])
+    return rows
+
+
+def print_folder_plan(plan: dict, file: TextIO | None = None) -> None:
+    """A folder plan: one line per planned recipe and the total; the recipes not planned; warnings on stderr."""
+    from smolforge.table import print_table
+
+    out = file or sys.stdout
+    mfu = {r["mfu_assumed"] for r in plan["rows"] if r["mfu_assumed"] is not None}
+    mem = plan["gpu_memory_bytes"]
+    title = (f"plan for {plan['recipe']}: each recipe on {plan['gpus']} × {plan['gpu']}"
+             + (f" at {mfu.pop():.0%} MFU" if len(mfu) == 1 else ""))
+    print_table(["recipe", "stage", "tokens", "GPU-hours", "days", "GiB/GPU", "zero", f"fits {mem / 1e9:.0f} GB"
+                 if mem else "fits", "tokens from"], folder_rows(plan), title=title, file=out)
+    if plan["total_cost_usd"] is not None:
+        print(f"cost: ${_si(plan['total_cost_usd'])}", file=out)
+    print(f"GiB/GPU: memory per GPU at the recipe's ZeRO stage (ckpt: with its activation checkpointing); "
+          f"fits: <= {MEMORY_HEADROOM:.0%} of device memory", file=out)
+    for skipped in plan["not_planned"]:
+        why = skipped["why"] if skipped["why"].startswith("not planned") else f"not planned: {skipped['why']}"
+        print(f"{skipped['recipe']}: {why}", file=out)
+    warn(plan)
+
+
+def print_any_plan(plan: dict, file: TextIO | None = None) -> None:
+    """The plan, by the printer for its stage (folder, merge, ppo, else pretrain / sft / dpo)."""
+    printer = {"folder": print_folder_plan, "merge": print_merge_plan, "ppo": print_ppo_plan}.get(
+        plan.get("stage"), print_plan)
+    printer(plan, file)

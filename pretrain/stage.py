@@ -52,6 +52,7 @@ class TrainSpec:
     micro_batch_size: int = 16        # packed rows per process per forward pass
     grad_accum: int = 1               # micro-batches per optimizer step
     seq_len: int = 256                # tokens per packed row
+    whole_documents: bool = False     # never cut a document that fits in a row (pad the row's end): long-context steps
     learning_rate: float = 3e-3       # peak LR (tiny models take high LRs; SmolLM3-3B used 2e-4)
     schedule: str = "cosine"          # cosine | wsd | constant
     warmup_steps: int = 20            # linear warmup (the playbook: >= 1k steps at real scale)
@@ -253,7 +254,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     data_run = runs.get(recipe.data)
     adopt_data_mixture(recipe, data_run)
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
-    domains, how = load_domains(data_run.path, tokenizer, recipe.train.seq_len)
+    domains, how = load_domains(data_run.path, tokenizer, recipe.train.seq_len, recipe.train.whole_documents)
     log.info("pretrain data: %s", how)
     resume_from = resume_point(recipe, runs, overwrite)
     with distributed() as (deepspeed, rank, world), contextlib.ExitStack() as stack:

@@ -38,7 +38,8 @@ DEMO = REPO / "recipes" / "demo"
 
 # Overrides that shrink each demo recipe to a seconds-long run.
 TINY = {
-    "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48},
+    "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48, "long_docs": 12,
+                       "long_doc_words": 150},
              "tokenizer": {"vocab_size": 400}, "pack": {"seq_len": 64}, "progress": False},
     "pretrain": {"model": {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2,
                            "num_kv_heads": 1, "max_position_embeddings": 128},
@@ -102,9 +103,14 @@ def shared_run(name: str, runs: Runs, chain_root: Path, build: Callable[[Runs], 
     return runs.get(name)
 
 
+CHAIN_CHANGES = {"sft": {"parent": "pretrain-demo"}}   # the shared chain skips the demo's long-context step
+
+
 def chain_run(stage: str, runs: Runs, chain_root: Path):
     """Run ``stage`` of the shared chain (trained by whichever worker asks first), copied into ``runs``."""
-    return shared_run(tiny_recipe(stage).name, runs, chain_root, lambda root: run_stage(stage, root))
+    changes = CHAIN_CHANGES.get(stage, {})
+    return shared_run(tiny_recipe(stage, **changes).name, runs, chain_root,
+                      lambda root: run_stage(stage, root, **changes))
 
 
 @pytest.fixture(scope="session")

@@ -26,24 +26,33 @@ USER = {"role": "user", "content": "How many?"}
     ([USER, {"role": "assistant", "content": "5"}], {},
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n5<|im_end|>\n"),
     ([USER], {"add_generation_prompt": True}, "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),
-    # /no_think: the flag leaves the system prompt, every answer and the prompt get an empty think block
+    # /no_think: the system turn states the mode (SmolLM3's "Reasoning Mode:" line, the flag leaves the
+    # custom text); every answer and the prompt get an empty think block
     ([{"role": "system", "content": "Count. /no_think"}, USER, {"role": "assistant", "content": "5"}], {},
-     "<|im_start|>system\nCount.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
+     "<|im_start|>system\nCount.\nReasoning Mode: /no_think<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
      "<|im_start|>assistant\n<think>\n\n</think>\n5<|im_end|>\n"),
     ([{"role": "system", "content": "/no_think"}, USER], {"add_generation_prompt": True},
+     "<|im_start|>system\nReasoning Mode: /no_think<|im_end|>\n"
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n"),
     # /think: the answer carries its own trace; the prompt leaves the model to open <think>
     ([{"role": "system", "content": "/think"}, USER, {"role": "assistant", "content": TRACE + "5"}], {},
+     "<|im_start|>system\nReasoning Mode: /think<|im_end|>\n"
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n" + TRACE + "5<|im_end|>\n"),
     ([{"role": "system", "content": "Count. /think"}, USER], {"add_generation_prompt": True},
-     "<|im_start|>system\nCount.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),
+     "<|im_start|>system\nCount.\nReasoning Mode: /think<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
+     "<|im_start|>assistant\n"),
     # enable_thinking=False (SmolLM3's switch) when the system prompt says nothing; a flag wins over it
     ([USER], {"add_generation_prompt": True, "enable_thinking": False},
+     "<|im_start|>system\nReasoning Mode: /no_think<|im_end|>\n"
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n"),
     ([{"role": "system", "content": "/think"}, USER], {"add_generation_prompt": True, "enable_thinking": False},
-     "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),
+     "<|im_start|>system\nReasoning Mode: /think<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
+     "<|im_start|>assistant\n"),
+    # a plain system prompt: no mode stated, plain ChatML
+    ([{"role": "system", "content": "Count."}, USER], {"add_generation_prompt": True},
+     "<|im_start|>system\nCount.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),
 ], ids=["plain", "plain-prompt", "no-think", "no-think-prompt", "think-trace", "think-prompt",
-        "enable-thinking-false", "flag-wins"])
+        "enable-thinking-false", "flag-wins", "plain-system"])
 def test_both_modes_render_as_golden_strings(tok, messages, kwargs, golden):
     assert render(tok, messages, **kwargs) == golden
 

@@ -160,7 +160,7 @@ def test_committed_embedded_suite_equals_a_fresh_write(tmp_path):
     write_embedded(tmp_path, seed=0, entities=40)
     committed = SUITES_DIR / "embedded"
     stems = sorted(p.stem for p in tmp_path.glob("*.jsonl"))
-    assert stems == ["arith", "facts", "instruct", "prefs"]
+    assert stems == ["arith", "facts", "instruct", "prefs", "reason"]
     assert sorted(p.stem for p in committed.glob("*.jsonl")) == stems
     for stem in stems:
         fresh = (tmp_path / f"{stem}.jsonl").read_bytes()
@@ -177,9 +177,9 @@ def test_committed_embedded_suite_matches_the_default_world(world):
 
 def test_embedded_suite_reports_random_baselines():
     suite = load_suite("embedded")
-    assert sorted(suite.tasks) == ["arith", "facts", "instruct", "prefs"]
+    assert sorted(suite.tasks) == ["arith", "facts", "instruct", "prefs", "reason"]
     baselines = {name: task.random_baseline for name, task in suite.tasks.items()}
-    assert baselines == {"facts": 0.125, "arith": 0.25, "instruct": 0.0, "prefs": 0.5}
+    assert baselines == {"facts": 0.125, "arith": 0.25, "instruct": 0.0, "prefs": 0.5, "reason": 0.0}
     assert suite.tasks["instruct"].chat and suite.tasks["prefs"].chat
     assert not suite.tasks["facts"].chat and not suite.tasks["arith"].chat
     assert suite.tasks["facts"].size == 120 and suite.tasks["arith"].size == 100
@@ -338,6 +338,24 @@ def test_document_longer_than_seq_len_is_split():
     assert packing_efficiency([], 16) == 0.0
 
 
+def test_whole_document_packing_never_cuts_a_document_that_fits():
+    docs = random_documents([30, 50, 20, 70, 64, 10, 90], seed=3)
+    rows = pack_documents(docs, seq_len=64, pad_id=1, drop_last=False)
+    pieces = []
+    for row in rows:
+        starts = [i for i, p in enumerate(row["position_ids"]) if p == 0]
+        for start, end in zip(starts, starts[1:] + [64]):
+            piece = row["input_ids"][start:end]
+            if piece != [1]:                                  # padding: one token per "document", never learnt
+                pieces.append(piece)
+            else:
+                assert row["labels"][start] == IGNORE_INDEX
+    fitting = [d for d in docs if len(d) <= 64]
+    assert all(d in pieces for d in fitting)                # each fitting document whole, in one row
+    assert [t for piece in pieces for t in piece] == [t for d in docs for t in d]   # nothing lost, order kept
+    assert pack_documents(docs, seq_len=64)[0]["input_ids"][30:64] == docs[1][:34]   # default: cut, no padding
+
+
 def test_packing_rejects_seq_len_below_two():
     with pytest.raises(ValueError, match="seq_len"):
         pack_documents([[1, 2, 3]], seq_len=1)
@@ -448,3 +466,57 @@ def test_write_jsonl_replaces_atomically_and_leaves_no_temp_files(tmp_path):
         write_jsonl(path, failing())
     assert [r for _, r in read_jsonl(path)] == [{"text": "second"}]  # old content intact
     assert sorted(p.name for p in path.parent.iterdir()) == ["rows.jsonl"]
+
+
+# ---- long documents and multi-step sums ---------------------------------------------------------
+
+def test_multi_step_sums_hold_out_their_eval_problems_and_traces_add_up(world):
+    from smolforge.data.synthetic import REASON_QUESTION
+
+    train, heldout = World.reasoning_problems("train"), World.reasoning_problems("heldout")
+    triples = lambda rows: {(r["a"], r["b"], r["c"]) for r in rows}  # noqa: E731
+    assert not triples(train) & triples(heldout) and (len(train), len(heldout)) == (484, 66)
+    for row in train + heldout:
+        a, b, c = row["a"], row["b"], row["c"]
+        assert row["trace"] == f"<think>\n{a} plus {b} is {a + b}. {a + b} plus {c} is {a + b + c}.\n</think>\n"
+        assert a + b <= 9 and row["answer"] == f"{a} plus {b} plus {c} is {a + b + c}."   # each step: two digits
+    conversations = world.sft_conversations(reasoning=True)
+    reasoning = [c for c in conversations if c["messages"][0]["role"] == "system"
+                 and c["messages"][1]["content"].count("plus") == 2]
+    assert len(reasoning) == 2 * len(train)
+    for conv in reasoning:
+        system, user, assistant = conv["messages"]
+        assert user["content"] in {REASON_QUESTION.format(**r) for r in train}
+        assert assistant["content"].startswith("<think>") == (system["content"] == "/think")
+    eval_rows = world.eval_suite()["reason"]
+    assert {r["answer"] for r in eval_rows} == {r["answer"] for r in heldout}
+    assert len(world.sft_conversations()) == len(conversations) - len(reasoning)   # without reasoning: as before
+
+
+def test_long_documents_need_their_far_context():
+    import re
+
+    docs = World.generate(seed=0, n_entities=8).long_documents(n_docs=4, n_words=300, seed=1)
+    assert {d["domain"] for d in docs} == {"long"} and all(len(d["text"].split()) >= 280 for d in docs)
+    ledger, hidden = docs[0]["text"], docs[1]["text"]
+    listed, again = ledger.split(" Again: ")
+    records = lambda text: re.findall(r"Box (\d+) holds (\d+)\.", text)  # noqa: E731
+    assert sorted(records(listed)) == sorted(records(again)) and records(listed) != records(again)
+    key = re.search(r"The pass key is (\d+)\. Remember it\.", hidden).group(1)
+    assert hidden.endswith(f"What is the pass key? The pass key is {key}.")
+
+
+def test_committed_longctx_suite_equals_a_fresh_write(tmp_path):
+    from smolforge.evals.suite import write_longctx
+
+    write_longctx(tmp_path)
+    for fresh in tmp_path.glob("*.jsonl"):
+        assert (SUITES_DIR / "longctx" / fresh.name).read_bytes() == fresh.read_bytes(), fresh.name
+    suite = load_suite("longctx")
+    assert sorted(suite.tasks) == ["passkey_1024", "passkey_256", "passkey_512", "position_ppl"]
+    assert suite.tasks["position_ppl"].kind == "position_perplexity" and suite.tasks["position_ppl"].primary == "ppl@512-1024"
+    for name in ("passkey_256", "passkey_512", "passkey_1024"):
+        assert suite.tasks[name].random_baseline == 0.25
+        for _, row in read_jsonl(SUITES_DIR / "longctx" / f"{name}.jsonl"):
+            assert f"The pass key is{row['choices'][row['gold']]}." in row["context"]
+            assert "Box" not in row["context"] and "favourite" not in row["context"]   # filler no training text holds

@@ -194,11 +194,11 @@ def test_unknown_gpu_exits_2_naming_the_close_match(capsys):
     assert "a10g" in err and "Traceback" not in err
 
 
-def test_non_pretrain_recipe_exits_2(capsys):
-    sft = REPO / "recipes" / "demo" / "sft.yaml"
-    assert main(["plan", str(sft)]) == 2
+def test_recipe_of_a_stage_without_a_plan_exits_2(capsys):
+    grpo = REPO / "recipes" / "demo" / "grpo.yaml"
+    assert main(["plan", str(grpo)]) == 2
     err = capsys.readouterr().err
-    assert "RecipeError" in err and "stage 'sft'" in err and "stage: pretrain" in err
+    assert "RecipeError" in err and "stage 'grpo'" in err and "stage: pretrain, sft, dpo, merge" in err
 
 
 @pytest.mark.parametrize("args, says", [
@@ -383,7 +383,7 @@ def test_ppo_plan_cli_table_and_json(capsys):
 
 
 @pytest.mark.parametrize("args, says", [
-    (["--tokens", "11T"], "--tokens is for pretrain recipes"),
+    (["--tokens", "11T"], "--tokens is for pretrain, sft and dpo recipes"),
     (["--prompt-len", "0"], "--prompt-len must be a number > 0"),
     (["--model", "no/such/config.json"], "no/such/config.json not found"),
     (["--set", "ppo.precision=fp16"], "ppo.precision must be one of auto, fp32, bf16"),
@@ -394,9 +394,33 @@ def test_bad_ppo_plan_inputs_exit_2(args, says, capsys):
     assert says in capsys.readouterr().err
 
 
-def test_model_is_only_for_ppo_recipes(capsys):
+def test_model_is_not_for_pretrain_recipes(capsys):
     assert main(["plan", str(SMOLLM3_3B), "--model", str(SMOLLM3_3B)]) == 2
-    assert "--model is for PPO recipes" in capsys.readouterr().err
+    assert "--model is for sft, dpo and ppo recipes" in capsys.readouterr().err
+
+
+def test_pretrain_tokens_default_to_max_steps_times_the_batch_on_gpus():
+    midtrain = SMOLLM3_3B.parent / "midtrain-32k.yaml"     # max_steps 3974 at 1 × 32,768 tokens per GPU
+    on_384 = plan_file(midtrain, gpus=384)
+    assert on_384["tokens"] == 3974 * 32768 * 384 and "train.max_steps 3,974" in on_384["tokens_source"]
+    assert plan_file(midtrain, gpus=192)["tokens"] == on_384["tokens"] / 2
+    no_gpus = plan_file(midtrain, days=24)                   # the GPUs are what the plan looks for
+    assert no_gpus["tokens"] == 20 * no_gpus["params"] and "Chinchilla" in no_gpus["tokens_source"]
+
+
+def test_post_training_defaults_here_are_the_stages_own():
+    from trl import DPOConfig, SFTConfig
+
+    from smolforge.alignment import dpo, sft
+    from smolforge.alignment.common import cuda_available
+    from smolforge.pretrain.planner_posttrain import DPO_DEFAULTS, SFT_DEFAULTS
+
+    for module, config, ours in ((sft, SFTConfig, SFT_DEFAULTS), (dpo, DPOConfig, DPO_DEFAULTS)):
+        theirs = module.defaults()["trainer"]
+        assert theirs["bf16"] == theirs["gradient_checkpointing"] == cuda_available()  # ours: None, by --gpu
+        for key, value in ours.items():
+            if key not in ("bf16", "gradient_checkpointing"):
+                assert value == theirs.get(key, config.__dataclass_fields__[key].default), (module.__name__, key)
 
 
 def test_continued_pretraining_recipes_plan_with_their_parents_shape(capsys):

@@ -165,6 +165,38 @@ def test_continued_pretraining_from_a_parent_resumes_exactly_after_sigkill(runs,
     assert losses(run_dir)[1] < parent_losses[min(parent_losses)] - 0.5, (losses(run_dir)[1], parent_losses)
 
 
+@pytest.mark.slow
+def test_the_long_context_step_trains_whole_documents_at_the_new_length(runs, data_run, pretrain_run):
+    """Continued pretraining at 4x the parent's length on whole long documents: the rows it trains on
+    keep each document in one piece, and in the trained model every document of a packed row at the
+    new length gets the logits it gets alone (per-document positions, no attention across documents)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from smolforge.pretrain.batches import load_domains
+
+    run = run_stage("pretrain", runs, name="pretrain-longctx", init=pretrain_run.name,
+                    context={"max_position_embeddings": 1024, "rope_theta": 40000.0},
+                    train={"max_steps": 4, "seq_len": 768, "micro_batch_size": 2, "whole_documents": True,
+                           "log_every": 1}, checkpoint={"every_steps": 0}, **QUIET)
+    assert run.status == "done" and len(losses(run.path)) == 4
+    tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
+    rows = load_domains(data_run.path, tokenizer, 768, whole_documents=True)[0]["long"]
+    model = AutoModelForCausalLM.from_pretrained(run.model_dir).eval()
+    assert model.config.max_position_embeddings == 1024 > pretrain_run.info["recipe"]["model"]["max_position_embeddings"]
+    row = rows.read([0])
+    ids, positions = row["input_ids"][0], row["position_ids"][0]
+    starts = [i for i, p in enumerate(positions.tolist()) if p == 0]
+    documents = [(a, b) for a, b in zip(starts, starts[1:] + [768]) if b - a > 1]   # pads are 1-token "documents"
+    assert len(documents) >= 2 and max(b - a for a, b in documents) > 128       # positions past the parent's length
+    sep = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    assert all(ids[b - 1].item() == sep for a, b in documents)                  # each document whole, to its end
+    with torch.no_grad():
+        together = model(input_ids=ids[None], position_ids=positions[None], use_cache=False).logits[0]
+        for a, b in documents:
+            alone = model(input_ids=ids[None, a:b], use_cache=False).logits[0]
+            assert (together[a:b] - alone).abs().max().item() <= 1e-4, (a, b)
+
+
 def test_continued_pretraining_refuses_what_cannot_continue(runs, data_run, pretrain_run):
     for changes, message in [
         ({"init": data_run.name}, "has no model/ to continue from"),

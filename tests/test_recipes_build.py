@@ -21,3 +21,17 @@ def test_recipe_builds(path: Path):
     stage, data = load_recipe(path)
     recipe = build_stage_recipe(load_stage(stage), data, source=str(path))
     assert getattr(recipe, "name", None) or getattr(recipe, "run", None)
+
+
+def test_smollm3_3b_recipes_start_from_runs_their_siblings_make():
+    """Each init:, parent:, merged run and run: reward names a run another recipe in the folder produces
+    (what `smolforge plan recipes/smollm3-3b` follows to find each model's shape)."""
+    folder = REPO / "recipes" / "smollm3-3b"
+    recipes = {path.name: load_recipe(path) for path in sorted(folder.glob("*.yaml"))}
+    made = {data["name"]: stage for stage, data in recipes.values()}
+    for name, (stage, data) in recipes.items():
+        wanted = [data.get("init"), data.get("parent"), data.get("base")]
+        wanted += [m["run"] for m in data.get("models", [])]
+        wanted += [r[len("run:"):] for r in data.get("rewards", []) if str(r).startswith("run:")]
+        for run in filter(None, wanted):
+            assert made.get(run) not in (None, "data"), f"{name}: no recipe beside it makes a model run '{run}'"

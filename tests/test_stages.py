@@ -94,14 +94,15 @@ def test_eval_writes_scores_baselines_and_samples_into_the_run(runs, sft_run):
     run_stage("eval", runs, run=sft_run.name)
     run = runs.get(sft_run.name)
     result = json.loads((run.eval_dir / "embedded.json").read_text())
-    assert set(result["tasks"]) == {"facts", "arith", "instruct", "prefs"}
+    assert set(result["tasks"]) == {"facts", "arith", "instruct", "prefs", "reason",        # chat tasks in both modes
+                                    "instruct@no_think", "prefs@no_think", "reason@no_think"}
     metrics = run.metrics
     for key, baseline in {"facts/acc": 0.125, "arith/acc": 0.25, "instruct/exact_match": 0.0, "prefs/acc": 0.5}.items():
         assert 0.0 <= metrics[key] <= 1.0
         assert metrics[f"{key}/random"] == baseline
     assert "prefs/margin" in metrics
     samples = (run.eval_dir / "embedded-samples.jsonl").read_text().splitlines()
-    assert len(samples) == 4 * 8  # limit 8 per task
+    assert len(samples) == 8 * 8  # limit 8 per task and mode
     chat_prompt = next(json.loads(s) for s in samples if json.loads(s)["task"] == "instruct")["arguments"][0][0]
     assert chat_prompt.startswith("<|im_start|>user\n") and chat_prompt.endswith("<|im_start|>assistant\n")
 
