@@ -67,14 +67,15 @@ EVAL_ARITH_QUESTION = "Do you know what {a} plus {b} is?"
 RL_QUESTIONS = {"color": "Name the favourite color of {e}.", "home": "Name the town where {e} lives.",
                 "food": "Name the food that {e} eats."}
 RL_ARITH_QUESTION = "Add {a} and {b}."
-# Multi-step sums (dual-mode reasoning): a plus b plus c with a + b <= 9, so both steps of the
-# trace (a + b, then that plus c) are sums of two digits the pretraining corpus states, while the
-# answer without a trace (up to 18) is a three-way sum the model must do at once. Held out for
-# evaluation: 66 of the 550 problems (as a test split holds out problems), asked in the training phrasing.
-REASON_QUESTION = "What is {a} plus {b} plus {c}?"
-REASON_TRACE = "<think>\n{a} plus {b} is {s}. {s} plus {c} is {t}.\n</think>\n"
-REASON_ANSWER = "{a} plus {b} plus {c} is {t}."
-REASON_HELDOUT = 66
+# Multi-step sums (dual-mode reasoning): a plus b plus c plus d with a + b + c <= 9, so each of the
+# trace's three steps is a sum of two digits the pretraining corpus states, while the answer without
+# a trace ("The answer is 14.", up to 18) is a four-way sum made at once. Held out for evaluation: 66
+# of the 2,200 problems (as a test split holds out problems), asked in the training phrasing; 700
+# others train SFT.
+REASON_QUESTION = "What is {a} plus {b} plus {c} plus {d}?"
+REASON_TRACE = "<think>\n{a} plus {b} is {s}. {s} plus {c} is {u}. {u} plus {d} is {t}.\n</think>\n"
+REASON_ANSWER = "The answer is {t}."
+REASON_HELDOUT, REASON_TRAIN = 66, 700
 # Long documents (long-context training): a ledger listed, then read back in another order (the
 # second half is predictable only from the first), or a pass key hidden in facts and asked at the end.
 LEDGER_RECORD = "Box {r} holds {k}."
@@ -152,17 +153,19 @@ class World:
     # ---- multi-step sums (dual-mode reasoning) --------------------------------------------
     @staticmethod
     def reasoning_problems(split: str = "train") -> list[dict]:
-        """Three-digit sums with their step-by-step trace: ``split`` "train" (484) or "heldout" (66).
+        """Four-digit sums with their step-by-step trace: ``split`` "train" (700) or "heldout" (66).
 
         >>> row = World.reasoning_problems("heldout")[0]
-        >>> sorted(row), row["answer"].startswith(f"{row['a']} plus {row['b']} plus {row['c']} is")
-        (['a', 'answer', 'b', 'c', 'trace'], True)
+        >>> sorted(row), row["trace"].count(" plus "), row["answer"] == f"The answer is {sum(row[k] for k in 'abcd')}."
+        (['a', 'answer', 'b', 'c', 'd', 'trace'], 3, True)
         """
-        triples = [(a, b, c) for a in range(10) for b in range(10) for c in range(10) if a + b <= 9]
-        random.Random(7).shuffle(triples)
-        chosen = triples[:REASON_HELDOUT] if split == "heldout" else triples[REASON_HELDOUT:]
-        return [{"a": a, "b": b, "c": c, "trace": REASON_TRACE.format(a=a, b=b, c=c, s=a + b, t=a + b + c),
-                 "answer": REASON_ANSWER.format(a=a, b=b, c=c, t=a + b + c)} for a, b, c in chosen]
+        digits = range(10)
+        problems = [(a, b, c, d) for a in digits for b in digits for c in digits for d in digits if a + b + c <= 9]
+        random.Random(7).shuffle(problems)
+        chosen = problems[:REASON_HELDOUT] if split == "heldout" else problems[REASON_HELDOUT:REASON_HELDOUT + REASON_TRAIN]
+        return [{"a": a, "b": b, "c": c, "d": d, "answer": REASON_ANSWER.format(t=a + b + c + d),
+                 "trace": REASON_TRACE.format(a=a, b=b, c=c, d=d, s=a + b, u=a + b + c, t=a + b + c + d)}
+                for a, b, c, d in chosen]
 
     # ---- questions shared by SFT, preferences and evaluation -----------------------------
     def _items(self) -> list[tuple[str, dict, str]]:

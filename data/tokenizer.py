@@ -24,20 +24,19 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 EMPTY_THINK = THINK_OPEN + "\n\n" + THINK_CLOSE + "\n"   # what a no-think answer starts with
 
 # SmolLM3's dual mode: "/think" or "/no_think" in the system prompt picks the mode;
-# ``enable_thinking`` picks it when the system prompt does not say. A mode picked either way is
-# stated in the system turn as SmolLM3's template does ("Reasoning Mode: /think"; the flag itself
-# leaves the custom text), so the model can tell the modes apart from the prompt alone. No flag
-# and no switch: think mode, rendered byte for byte as plain ChatML (answers as they are; a
-# reasoning answer carries its own <think>…</think>). In no-think mode every answer starts with an
-# empty think block (inside the trained span) and so does the generation prompt.
+# ``enable_thinking=False`` picks no-think when the system prompt does not say. Think is the
+# default and renders byte for byte as plain ChatML (the flag leaves the custom text; a reasoning
+# answer carries its own <think>…</think>). No-think is stated in the system turn, as SmolLM3's
+# template states the mode ("Reasoning Mode: /no_think"), so the model can tell the modes apart
+# from the prompt alone; every no-think answer starts with an empty think block (inside the trained
+# span) and so does the generation prompt.
 CHAT_TEMPLATE = (
-    "{%- set ns = namespace(mode='think', stated=false) %}"
-    "{%- if enable_thinking is defined %}{%- set ns.stated = true %}"
-    "{%- if not enable_thinking %}{%- set ns.mode = 'no_think' %}{%- endif %}{%- endif %}"
+    "{%- set ns = namespace(mode='think') %}"
+    "{%- if enable_thinking is defined and not enable_thinking %}{%- set ns.mode = 'no_think' %}{%- endif %}"
     "{%- if messages and messages[0]['role'] == 'system' %}"
-    "{%- if '/no_think' in messages[0]['content'] %}{%- set ns.mode = 'no_think' %}{%- set ns.stated = true %}"
-    "{%- elif '/think' in messages[0]['content'] %}{%- set ns.mode = 'think' %}{%- set ns.stated = true %}{%- endif %}"
-    "{%- elif ns.stated %}{{- '<|im_start|>system\\nReasoning Mode: /' + ns.mode + '<|im_end|>\\n' }}"
+    "{%- if '/no_think' in messages[0]['content'] %}{%- set ns.mode = 'no_think' %}"
+    "{%- elif '/think' in messages[0]['content'] %}{%- set ns.mode = 'think' %}{%- endif %}"
+    "{%- elif ns.mode == 'no_think' %}{{- '<|im_start|>system\\nReasoning Mode: /no_think<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
     "{%- if message['role'] == 'assistant' %}"
@@ -49,7 +48,7 @@ CHAT_TEMPLATE = (
     "{{- '\\n' }}"
     "{%- elif message['role'] == 'system' %}"
     "{%- set text = message['content'].replace('/no_think', '').replace('/think', '').strip() %}"
-    "{%- if ns.stated %}{%- set text = (text + '\\n' if text else '') + 'Reasoning Mode: /' + ns.mode %}{%- endif %}"
+    "{%- if ns.mode == 'no_think' %}{%- set text = (text + '\\n' if text else '') + 'Reasoning Mode: /no_think' %}{%- endif %}"
     "{%- if text %}{{- '<|im_start|>system\\n' + text + '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}"
     "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"

@@ -38,14 +38,15 @@ DEMO = REPO / "recipes" / "demo"
 
 # Overrides that shrink each demo recipe to a seconds-long run.
 TINY = {
-    "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48, "long_docs": 12,
+    "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48, "long_docs": 12, "reasoning": False,
                        "long_doc_words": 150},
              "tokenizer": {"vocab_size": 400}, "pack": {"seq_len": 64}, "progress": False},
     "pretrain": {"model": {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2,
                            "num_kv_heads": 1, "max_position_embeddings": 128},
                  "train": {"max_steps": 12, "micro_batch_size": 4, "seq_len": 64, "warmup_steps": 2,
                            "log_every": 2},
-                 "checkpoint": {"every_steps": 6}},
+                 "checkpoint": {"every_steps": 6},
+                 "mixture": [{"until": 1.0, "weights": {"facts": 0.7, "math": 0.3}}]},   # long documents: longctx only
     "sft": {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64,
                         "logging_steps": 1, "learning_rate": 1e-3, "eval_steps": 3}},
     "dpo": {"trainer": {"max_steps": 6, "per_device_train_batch_size": 8, "max_length": 64,
@@ -58,10 +59,13 @@ TINY = {
 TINY["rloo"] = TINY["grpo"]
 
 
+UNIT_CHANGES = {"sft": {"parent": "pretrain-demo"}}   # the shared chain skips the demo's long-context step
+
+
 def tiny_recipe(stage: str, **changes):
-    """The demo recipe of ``stage`` shrunk by TINY, with ``changes`` laid on top."""
+    """The demo recipe of ``stage`` shrunk by TINY (and UNIT_CHANGES), with ``changes`` laid on top."""
     _, data = load_recipe(DEMO / f"{stage}.yaml")
-    data = deep_merge(deep_merge(data, TINY.get(stage, {})), changes)
+    data = deep_merge(deep_merge(deep_merge(data, TINY.get(stage, {})), UNIT_CHANGES.get(stage, {})), changes)
     return build_stage_recipe(load_stage(stage), data, source=f"{stage} (test)")
 
 
@@ -103,14 +107,9 @@ def shared_run(name: str, runs: Runs, chain_root: Path, build: Callable[[Runs], 
     return runs.get(name)
 
 
-CHAIN_CHANGES = {"sft": {"parent": "pretrain-demo"}}   # the shared chain skips the demo's long-context step
-
-
 def chain_run(stage: str, runs: Runs, chain_root: Path):
     """Run ``stage`` of the shared chain (trained by whichever worker asks first), copied into ``runs``."""
-    changes = CHAIN_CHANGES.get(stage, {})
-    return shared_run(tiny_recipe(stage, **changes).name, runs, chain_root,
-                      lambda root: run_stage(stage, root, **changes))
+    return shared_run(tiny_recipe(stage).name, runs, chain_root, lambda root: run_stage(stage, root))
 
 
 @pytest.fixture(scope="session")

@@ -41,7 +41,7 @@ def test_prompts_from_a_suite_and_from_a_data_run(runs, data_run):
 @pytest.mark.parametrize("source,message", [
     ("missing.jsonl", "missing.jsonl: file not found"),
     ("suite:nope", "prompts: unknown suite 'nope'"),
-    ("suite:embedded/nope", "prompts: suite 'embedded' has no task 'nope' (tasks: arith, facts, instruct, prefs)"),
+    ("suite:embedded/nope", "prompts: suite 'embedded' has no task 'nope' (tasks: arith, facts, instruct, prefs, reason)"),
 ])
 def test_bad_prompt_sources_say_what_is_wrong(source, message):
     with pytest.raises((DataError, RecipeError), match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -26,8 +26,8 @@ USER = {"role": "user", "content": "How many?"}
     ([USER, {"role": "assistant", "content": "5"}], {},
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n5<|im_end|>\n"),
     ([USER], {"add_generation_prompt": True}, "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),
-    # /no_think: the system turn states the mode (SmolLM3's "Reasoning Mode:" line, the flag leaves the
-    # custom text); every answer and the prompt get an empty think block
+    # /no_think: the system turn states it (SmolLM3's "Reasoning Mode:" line; the flag leaves the custom
+    # text), so the prompts of the two modes differ; every answer and the prompt get an empty think block
     ([{"role": "system", "content": "Count. /no_think"}, USER, {"role": "assistant", "content": "5"}], {},
      "<|im_start|>system\nCount.\nReasoning Mode: /no_think<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
      "<|im_start|>assistant\n<think>\n\n</think>\n5<|im_end|>\n"),
@@ -35,19 +35,17 @@ USER = {"role": "user", "content": "How many?"}
      "<|im_start|>system\nReasoning Mode: /no_think<|im_end|>\n"
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n"),
     # /think: the answer carries its own trace; the prompt leaves the model to open <think>
+    # /think, the default: plain ChatML; the answer carries its own trace, the prompt leaves <think> to the model
     ([{"role": "system", "content": "/think"}, USER, {"role": "assistant", "content": TRACE + "5"}], {},
-     "<|im_start|>system\nReasoning Mode: /think<|im_end|>\n"
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n" + TRACE + "5<|im_end|>\n"),
     ([{"role": "system", "content": "Count. /think"}, USER], {"add_generation_prompt": True},
-     "<|im_start|>system\nCount.\nReasoning Mode: /think<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
-     "<|im_start|>assistant\n"),
+     "<|im_start|>system\nCount.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),
     # enable_thinking=False (SmolLM3's switch) when the system prompt says nothing; a flag wins over it
     ([USER], {"add_generation_prompt": True, "enable_thinking": False},
      "<|im_start|>system\nReasoning Mode: /no_think<|im_end|>\n"
      "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n"),
     ([{"role": "system", "content": "/think"}, USER], {"add_generation_prompt": True, "enable_thinking": False},
-     "<|im_start|>system\nReasoning Mode: /think<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n"
-     "<|im_start|>assistant\n"),
+     "<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),
     # a plain system prompt: no mode stated, plain ChatML
     ([{"role": "system", "content": "Count."}, USER], {"add_generation_prompt": True},
      "<|im_start|>system\nCount.<|im_end|>\n<|im_start|>user\nHow many?<|im_end|>\n<|im_start|>assistant\n"),

@@ -31,7 +31,7 @@ def card_of(run) -> dict:
 def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture(data_run):
     card = card_of(data_run)
     pre = card["kinds"]["pretrain"]
-    assert pre["sources"][0]["format"] == "synthetic" and pre["rows_in"] == 300
+    assert pre["sources"][0]["format"] == "synthetic" and pre["rows_in"] == 300 + 12   # short documents + long ones
     assert pre["rows_out"] == pre["rows_in"] - sum(pre["filters"]["removed"].values()) \
         - pre["dedup"]["exact_removed"] - pre["dedup"]["near_removed"] - pre["decontamination"]["hits"]
     # the tiny world repeats itself: dedup finds duplicates; a second look with another MinHash
@@ -41,7 +41,7 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
     assert (round(pre["dedup"]["detection_50"], 2), round(pre["dedup"]["detection_95"], 2)) == (0.49, 0.65)
     assert "embedded" in card["decontamination_suites"]
     assert all(k["decontamination"]["hits"] == 0 for k in card["kinds"].values())
-    assert set(card["domains"]) == {"facts", "math"}
+    assert set(card["domains"]) == {"facts", "long", "math"}
     weights = card["mixture"][0]["weights"]
     assert card["mixture_source"] == "natural (domains weighted by packed rows)"
     rows = {d: v["rows"] for d, v in card["packed"]["domains"].items()}
@@ -54,7 +54,8 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
     assert card["tokens"]["pretrain"] == sum(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     assert card["tokens"]["sft"] > 0 and card["tokens"]["prefs"] > 0
     assert data_run.info["data_fingerprints"] == card["fingerprints"]
-    assert set(card["fingerprints"]) == {"data/pretrain", "data/sft", "data/prefs", "data/prompts", "packed/facts", "packed/math"}
+    assert set(card["fingerprints"]) == {"data/pretrain", "data/sft", "data/prefs", "data/prompts", "packed/facts", "packed/long",
+                                        "packed/math"}
     text = (data_run.path / "data_card.md").read_text()
     for heading in ("## Rows", "## Quality filters", "## Deduplication", "## Decontamination",
                     "## Pretraining domains and mixture", "## Fingerprints"):
@@ -159,7 +160,7 @@ def test_data_prepare_prints_the_card_and_json(tmp_path, capsys):
     recipe = tmp_path / "data.yaml"
     recipe.write_text((DEMO / "data.yaml").read_text())
     args = ["--runs-dir", str(tmp_path / "runs"), "data", "prepare", str(recipe), "--set", "world.entities=4",
-            "--set", "world.pretrain_docs=120", "--set", "world.preference_pairs=20", "--set", "tokenizer.vocab_size=320",
+            "--set", "world.pretrain_docs=120", "--set", "world.preference_pairs=20", "--set", "world.long_docs=0", "--set", "tokenizer.vocab_size=320",
             "--set", "progress=false"]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -178,7 +179,7 @@ def test_a_mixture_declared_with_the_data_is_recorded_and_adopted_by_pretraining
     assert card["mixture"][0]["weights"] == {"facts": 0.75, "math": 0.25}
     assert "| 0 | 0.5 | facts 0.750, math 0.250 |" in (data.path / "data_card.md").read_text()
     pretrain = load_stage("pretrain")
-    recipe = tiny_recipe("pretrain", data="data-mixed", name="pretrain-mixed")
+    recipe = tiny_recipe("pretrain", data="data-mixed", name="pretrain-mixed", mixture=[])
     assert recipe.mixture == []
     pretrain.validate(recipe, runs)
     assert recipe.mixture == card["mixture"]

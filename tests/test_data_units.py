@@ -474,22 +474,23 @@ def test_multi_step_sums_hold_out_their_eval_problems_and_traces_add_up(world):
     from smolforge.data.synthetic import REASON_QUESTION
 
     train, heldout = World.reasoning_problems("train"), World.reasoning_problems("heldout")
-    triples = lambda rows: {(r["a"], r["b"], r["c"]) for r in rows}  # noqa: E731
-    assert not triples(train) & triples(heldout) and (len(train), len(heldout)) == (484, 66)
+    problems = lambda rows: {(r["a"], r["b"], r["c"], r["d"]) for r in rows}  # noqa: E731
+    assert not problems(train) & problems(heldout) and (len(train), len(heldout)) == (700, 66)
     for row in train + heldout:
-        a, b, c = row["a"], row["b"], row["c"]
-        assert row["trace"] == f"<think>\n{a} plus {b} is {a + b}. {a + b} plus {c} is {a + b + c}.\n</think>\n"
-        assert a + b <= 9 and row["answer"] == f"{a} plus {b} plus {c} is {a + b + c}."   # each step: two digits
+        a, b, c, d = row["a"], row["b"], row["c"], row["d"]
+        assert row["trace"] == (f"<think>\n{a} plus {b} is {a + b}. {a + b} plus {c} is {a + b + c}. "
+                                f"{a + b + c} plus {d} is {a + b + c + d}.\n</think>\n")
+        assert a + b + c <= 9 and row["answer"] == f"The answer is {a + b + c + d}."   # each step: two digits
     conversations = world.sft_conversations(reasoning=True)
     reasoning = [c for c in conversations if c["messages"][0]["role"] == "system"
-                 and c["messages"][1]["content"].count("plus") == 2]
+                 and c["messages"][1]["content"].count("plus") == 3]
     assert len(reasoning) == 2 * len(train)
     for conv in reasoning:
         system, user, assistant = conv["messages"]
         assert user["content"] in {REASON_QUESTION.format(**r) for r in train}
         assert assistant["content"].startswith("<think>") == (system["content"] == "/think")
     eval_rows = world.eval_suite()["reason"]
-    assert {r["answer"] for r in eval_rows} == {r["answer"] for r in heldout}
+    assert [r["question"] for r in eval_rows] == [REASON_QUESTION.format(**r) for r in heldout]
     assert len(world.sft_conversations()) == len(conversations) - len(reasoning)   # without reasoning: as before
 
 

@@ -106,8 +106,8 @@ def test_chat_tasks_are_scored_in_both_modes(runs, sft_run):
     assert set(prompts) == {"instruct", "instruct@no_think", "reason", "reason@no_think"}
     assert prompts["reason@no_think"].endswith("<|im_start|>assistant\n<think>\n\n</think>\n")   # the flag's empty think block
     first = json.loads((SUITES_DIR / "embedded" / "reason.jsonl").read_text().splitlines()[0])["question"]
-    assert prompts["reason"].endswith(f"Reasoning Mode: /think<|im_end|>\n<|im_start|>user\n{first}<|im_end|>\n"
-                                      "<|im_start|>assistant\n")   # think: the model opens <think> itself
+    assert prompts["reason"] == f"<|im_start|>user\n{first}<|im_end|>\n<|im_start|>assistant\n"   # think: plain ChatML
+    assert prompts["reason@no_think"].startswith("<|im_start|>system\nReasoning Mode: /no_think<|im_end|>\n")
     result = json.loads((sft_run.eval_dir / "embedded.json").read_text())
     assert result["tasks"]["reason@no_think"]["mode"] == "no_think" and result["tasks"]["reason"]["mode"] == "think"
     with pytest.raises(RecipeError, match="modes"):

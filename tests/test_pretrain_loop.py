@@ -50,7 +50,7 @@ def test_pretrain_follows_the_mixture_phases_and_reports_the_realised_mix(runs, 
 
 def test_mixture_naming_an_unknown_domain_is_refused(runs, data_run):
     recipe = tiny_recipe("pretrain", mixture=[{"until": 1.0, "weights": {"web": 1.0}}])
-    with pytest.raises(RecipeError, match="unknown domain.*web; the data has facts, math"):
+    with pytest.raises(RecipeError, match="unknown domain.*web; the data has facts, long, math"):
         pretrain_stage.validate(recipe, runs)
 
 
@@ -177,7 +177,8 @@ def test_the_long_context_step_trains_whole_documents_at_the_new_length(runs, da
     run = run_stage("pretrain", runs, name="pretrain-longctx", init=pretrain_run.name,
                     context={"max_position_embeddings": 1024, "rope_theta": 40000.0},
                     train={"max_steps": 4, "seq_len": 768, "micro_batch_size": 2, "whole_documents": True,
-                           "log_every": 1}, checkpoint={"every_steps": 0}, **QUIET)
+                           "log_every": 1}, checkpoint={"every_steps": 0},
+                    mixture=[{"until": 1.0, "weights": {"long": 0.5, "facts": 0.5}}], **QUIET)
     assert run.status == "done" and len(losses(run.path)) == 4
     tokenizer = AutoTokenizer.from_pretrained(run.model_dir)
     rows = load_domains(data_run.path, tokenizer, 768, whole_documents=True)[0]["long"]
