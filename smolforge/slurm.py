@@ -115,7 +115,7 @@ def job_script(spec: SlurmSpec, smolforge_args: list[str], run_dir: Path, *, nam
 set -uo pipefail
 export HF_HUB_OFFLINE=${{HF_HUB_OFFLINE:-1}} HF_DATASETS_OFFLINE=${{HF_DATASETS_OFFLINE:-1}} TOKENIZERS_PARALLELISM=false
 {env}export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)
-export MASTER_PORT=$(( 20000 + SLURM_JOB_ID % 20000 ))
+export MASTER_PORT=$(( 10000 + SLURM_JOB_ID % 10000 ))  # below smolforge's own server ports (20000+) and the kernel's ephemeral ones
 export SMOLFORGE_LAUNCHER=slurm-{spec.rendezvous}
 export {STOP_FILE_ENV}={shlex.quote(str(slurm_dir))}/stop-$SLURM_JOB_ID
 rm -f "${STOP_FILE_ENV}"

@@ -28,6 +28,14 @@ def test_dry_run_prints_a_two_node_eight_gpu_script_with_the_rendezvous_and_writ
         assert expected in lines, expected
     assert '  --nnodes "$SLURM_JOB_NUM_NODES" --nproc_per_node 8 \\' in lines
     assert '  --rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \\' in lines
+    # the rendezvous port stays out of the range free_port() hands out (20000 up to the ephemeral ports)
+    from smolforge.processes import free_port
+
+    master = next(line for line in lines if line.startswith("export MASTER_PORT="))
+    for job_id in (1, 2, 9999, 123456):
+        port = eval(master.split("$((")[1].split("))")[0].replace("SLURM_JOB_ID", str(job_id)))  # noqa: S307
+        assert 10000 <= port < 20000
+    assert free_port() >= 20000
     assert not (tmp_path / "runs").exists()  # a dry run creates nothing
 
 
