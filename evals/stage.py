@@ -106,8 +106,6 @@ def mode_key(task: str, mode: str | None, modes: list) -> str:
 
 def hf_overrides_args(model_dir, rope_scaling: dict | None) -> list[str]:
     """vLLM server arguments that stretch the model's RoPE as ``rope_scaling`` says (none without it)."""
-    from .long_context import rope_overrides
-
     overrides = rope_overrides(model_dir, rope_scaling or {})
     return ["--hf-overrides", json.dumps(overrides)] if overrides else []
 
@@ -126,11 +124,9 @@ def _device(choice: str) -> str:
 
 def _max_length(model_dir, rope_scaling: dict | None = None) -> int | None:
     """The longest context to score: the model's, or the stretched one under ``rope_scaling``."""
-    from .long_context import rope_overrides
-
-    stretched = rope_overrides(model_dir, rope_scaling or {}).get("max_position_embeddings")
-    config = json.loads((Path(model_dir) / "config.json").read_text())
-    return stretched or config.get("max_position_embeddings")
+    if rope_scaling:
+        return rope_overrides(model_dir, rope_scaling)["max_position_embeddings"]
+    return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
 
 
 @functools.lru_cache(maxsize=1)
@@ -176,7 +172,7 @@ def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None =
         return scores, samples
     lm = make_lm(backend, model_dir, batch_size=batch_size, device=device, endpoint=endpoint,
                  served_name=served_name, max_length=_max_length(model_dir, rope_scaling),
-                 model=model if backend == "hf" and rope_scaling else None, rope_scaling=rope_scaling)
+                 model=model if backend == "hf" else None, rope_scaling=rope_scaling)   # HF: the model loaded above
     manager = _task_manager(TaskManager)
     rounds = [(False, None)] + [(True, mode) for mode in (modes or [None])]
     for chat, mode in rounds:
@@ -294,7 +290,7 @@ def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, sco
                            "modes": recipe.modes, "rope_scaling": recipe.rope_scaling or None},
               "tasks": {key: {"scores": scores.get(key, {}), "primary": suite.tasks[t].primary,
                               "chat": suite.tasks[t].chat, "apply_chat_template": suite.tasks[t].chat,
-                              "mode": key.split("@")[1] if "@" in key else (recipe.modes[0] if recipe.modes and suite.tasks[t].chat else None),
+                              "mode": _mode_of(key, suite.tasks[t].chat, recipe.modes),
                               "num_fewshot": recipe.num_fewshot if recipe.num_fewshot is not None
                               else suite.tasks[t].config.get("num_fewshot", 0),
                               "kind": suite.tasks[t].kind,
@@ -305,6 +301,11 @@ def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, sco
     with atomic_writer(target.eval_dir / f"{suite.name}-samples.jsonl") as handle:
         handle.writelines(json.dumps(s, default=str) + "\n" for s in scored["samples"])
     target.update_metrics({**_metrics_for_run(suite, scores), "eval/seconds": scored["seconds"]})
+
+
+def _mode_of(key: str, chat: bool, modes: list) -> str | None:
+    """The reasoning mode a score key was scored in (None: a text task, or no modes asked)."""
+    return key.partition("@")[2] or (modes[0] if modes and chat else None)
 
 
 def _keys(suite: Suite, task_names: list[str], modes: list) -> list[str]:

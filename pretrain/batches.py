@@ -42,10 +42,10 @@ def load_domains(data_run_path: Path, tokenizer, seq_len: int,
     just slower to start). ``whole_documents`` always packs here, never cutting a document that
     fits in a row (:func:`~smolforge.data.packing.pack_documents` with a pad id).
     """
-    meta = packed_meta(data_run_path / "packed")
     if whole_documents:
         return (in_memory(pack_shards(data_run_path, tokenizer, seq_len, whole_documents=True), seq_len),
                 f"packed at load, documents kept whole (seq_len {seq_len})")
+    meta = packed_meta(data_run_path / "packed")
     if meta is not None and meta["seq_len"] == seq_len:
         domains = load_packed(data_run_path / "packed")
         for domain, rows in domains.items():
@@ -68,10 +68,10 @@ def pack_shards(data_run_path: Path, tokenizer, seq_len: int, whole_documents: b
     texts: dict[str, list[str]] = defaultdict(list)
     for row in load_many(kind_files(data_run_path, "pretrain"), "text"):
         texts[str(row.get("domain", "default"))].append(row["text"])
+    pad = (sep if tokenizer.pad_token_id is None else tokenizer.pad_token_id) if whole_documents else None
     packed = {}
     for domain, docs in sorted(texts.items()):
         ids = tokenizer(docs, add_special_tokens=False)["input_ids"]
-        pad = (tokenizer.pad_token_id if tokenizer.pad_token_id is not None else sep) if whole_documents else None
         packed[domain] = pack_documents([doc + [sep] for doc in ids], seq_len, pad_id=pad)
         if not packed[domain]:
             raise DataError(f"{data_run_path}: domain '{domain}' holds fewer than seq_len={seq_len} tokens; "
