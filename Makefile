@@ -43,6 +43,12 @@ else
 	$(PIP) install --quiet torch==2.14.0 vllm==0.33.0
 endif
 	$(PIP) install --quiet -e ".[test]"
+ifeq ($(HAS_GPU),)
+	@echo "building DeepSpeed's CPU comm op into $(VENV)/torch_extensions (once; every CPU run loads it)"
+	@mkdir -p $(VENV)/torch_extensions
+	TORCH_EXTENSIONS_DIR=$(abspath $(VENV))/torch_extensions $(PY) -c "from deepspeed.accelerator import \
+	  get_accelerator; get_accelerator().create_op_builder('ShareMemCommBuilder').load()" >/dev/null
+endif
 	@touch $(STAMP)
 	@echo "smolforge installed in $(VENV)"
 

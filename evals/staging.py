@@ -18,6 +18,7 @@ document per line; e.g. ``datasets.load_dataset(...).to_json(path)`` on a machin
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import shutil
 from pathlib import Path
@@ -35,11 +36,17 @@ def close_tasks(name: str, known: list[str], n: int = 5) -> list[str]:
     return difflib.get_close_matches(name, known, n=n, cutoff=0.6)
 
 
-def task_entry(name: str):
-    """lm-eval's index entry for ``name``; RecipeError with close matches when there is none."""
+@functools.lru_cache(maxsize=1)
+def bundled_tasks():
+    """lm-eval's index of its ~10,000 bundled task files (built once per process: ~10 s)."""
     from lm_eval.tasks import TaskManager
 
-    manager = TaskManager()
+    return TaskManager()
+
+
+def task_entry(name: str):
+    """lm-eval's index entry for ``name``; RecipeError with close matches when there is none."""
+    manager = bundled_tasks()
     if name not in manager.all_tasks:
         close = close_tasks(name, list(manager.all_tasks))
         hint = f"; did you mean {', '.join(close)}?" if close else ""

@@ -29,9 +29,12 @@ The eval recipe is run once per model step with ``run`` set to that step's run n
 ``name: "{run}-eval"``). Every step recipe is checked (known stage, valid YAML) before the
 first one starts; deep validation happens in the stage's own process. Each step runs as
 ``python -m smolforge --runs-dir ROOT STAGE --config STEP.yaml``, which isolates DeepSpeed
-process groups and vLLM patches between stages. The evals that follow one model step share one
-such process (:mod:`smolforge.step_batch`: the same commands in turn, the imports paid once),
-unless one of them asks for an in-process vLLM engine or a parity backend.
+process groups and vLLM patches between stages. The evals that follow one model step run in
+that step's own process, after it (:mod:`smolforge.step_batch`: the same commands in turn, the
+imports paid once), unless the step starts several ranks (``launch:``), is an online-RL stage
+(whose process may hold an in-process vLLM engine: its evals then share a process of their own),
+or has no ``name`` to evaluate; an eval that asks for an in-process vLLM engine or a parity
+backend always gets a process of its own.
 
 Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
 step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
@@ -342,6 +345,41 @@ def shares_a_process(step: Step) -> bool:
             and recipe.get("parity") is None)
 
 
+ONLINE_RL_STAGES = ("grpo", "rloo", "ppo")
+
+
+def carries_its_evals(step: Step) -> bool:
+    """Whether model step ``step`` may run the evals that follow it in its own process: one rank,
+    a known run name, and no in-process vLLM engine left behind (online RL may start one).
+
+    >>> carries_its_evals(Step("step 2", "sft", {"name": "sft-demo"}, "p.yaml"))
+    True
+    >>> carries_its_evals(Step("step 2", "sft", {}, "p.yaml")), carries_its_evals(Step("step 5", "grpo", {"name": "g"}, "p.yaml"))
+    (False, False)
+    """
+    return (step.stage in MODEL_STAGES and step.stage not in ONLINE_RL_STAGES and step.launch is None
+            and step.name is not None)
+
+
+def _next_group(queue: list[Step], pipeline: Pipeline) -> tuple[list[Step], bool]:
+    """Take the steps that run next in one process off ``queue``; whether a model step carries its
+    evals (queued here, with the model step's gates on the last one)."""
+    group = [queue.pop(0)]
+    first = group[0]
+    if pipeline.evals and carries_its_evals(first):
+        follows = pipeline.eval_steps(first, first.name)
+        follows[-1].gates, follows[-1].gates_of = first.gates, first
+        carried = 0
+        while carried < len(follows) and shares_a_process(follows[carried]):
+            carried += 1
+        group += follows[:carried]
+        queue[:0] = follows[carried:]
+        return group, True
+    while shares_a_process(group[0]) and queue and shares_a_process(queue[0]):
+        group.append(queue.pop(0))
+    return group, False
+
+
 def _run_steps_together(steps: list[Step], n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,
                         quiet_stdout: bool) -> list[StepResult]:
     """Run ``steps`` one after the other in one process (:mod:`smolforge.step_batch`); one result per
@@ -383,11 +421,12 @@ def run_pipeline(
     with tempfile.TemporaryDirectory(prefix="smolforge-pipeline-") as tmpdir:
         queue = list(pipeline.steps)
         ready: list[tuple[Step, StepResult]] = []
+        carrying: set[int] = set()      # model steps whose evals are already queued (they share its process)
         while queue or ready:
-            if not ready:   # the next step, or the next evals of one model together
-                group = [queue.pop(0)]
-                while shares_a_process(group[0]) and queue and shares_a_process(queue[0]):
-                    group.append(queue.pop(0))
+            if not ready:   # the next step (with its evals), or the next evals of one model together
+                group, carries = _next_group(queue, pipeline)
+                if carries:
+                    carrying.add(id(group[0]))
                 options = dict(overwrite=overwrite, debug=debug, quiet_stdout=as_json)
                 results = (_run_steps_together(group, n + 1, root, Path(tmpdir), **options) if len(group) > 1
                            else [_run_step(group[0], n + 1, root, Path(tmpdir), **options)])
@@ -399,7 +438,7 @@ def run_pipeline(
             if result.code != 0:
                 _print_summary(summary(done, root), as_json, out)
                 raise RunError(_step_failure(step, result, root))
-            if step.stage in MODEL_STAGES and pipeline.evals and name:
+            if step.stage in MODEL_STAGES and pipeline.evals and name and id(step) not in carrying:
                 follows = pipeline.eval_steps(step, name)
                 follows[-1].gates, follows[-1].gates_of = step.gates, step  # gates wait for every score
                 queue[:0] = follows

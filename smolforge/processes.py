@@ -29,6 +29,19 @@ from typing import TextIO
 from .errors import ServiceError
 
 
+def use_environment_extension_cache() -> None:
+    """Use this Python environment's own cache of JIT-compiled torch extensions (DeepSpeed's CPU
+    comm op), which ``make setup`` fills, unless ``TORCH_EXTENSIONS_DIR`` already names one.
+
+    torch's default cache (``~/.cache/torch_extensions``) is shared by every environment on the
+    machine, and an op built against another environment's torch is rebuilt (about a minute on
+    2 cores) on its next use; the environment's own folder is built once, at set-up.
+    """
+    cache = Path(sys.prefix) / "torch_extensions"
+    if "TORCH_EXTENSIONS_DIR" not in os.environ and cache.is_dir():
+        os.environ["TORCH_EXTENSIONS_DIR"] = str(cache)
+
+
 def ephemeral_range() -> tuple[int, int]:
     """The kernel's range for outgoing connections' local ports (Linux's default where unreadable)."""
     try:

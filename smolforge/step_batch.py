@@ -1,9 +1,11 @@
-"""Several smolforge commands in one process, one after the other: the pipeline's evals of one model.
+"""Several smolforge commands in one process, one after the other: a model step and its evals.
 
-A fresh ``python -m smolforge eval`` spends ~8 of its ~10 s importing torch, transformers and
+A fresh ``python -m smolforge eval`` spends ~7 of its ~10 s importing torch, transformers and
 lm-eval; the pipeline runs every eval recipe after every model step, so it runs that model's evals
-in one process instead, with the same arguments each would get alone. ``codes`` receives the exit
-codes so far after each command; the batch stops at the first that fails.
+in the step's own process (or, after a step that must stay alone, in one process of their own),
+with the same arguments each would get alone. Between commands, what the last one left is
+collected (and CUDA's cache emptied) before the next starts. ``codes`` receives the exit codes so
+far after each command; the batch stops at the first that fails.
 
     python -m smolforge.step_batch steps.json
     # steps.json: {"steps": [["--runs-dir", "runs", "eval", "--config", "a.yaml"], …], "codes": "codes.json"}
@@ -22,6 +24,7 @@ codes so far after each command; the batch stops at the first that fails.
 """
 from __future__ import annotations
 
+import gc
 import json
 import sys
 from collections.abc import Sequence
@@ -29,6 +32,14 @@ from pathlib import Path
 
 from smolforge import cli
 from smolforge.runs import write_json_atomic
+
+
+def release_memory() -> None:
+    """Free what the previous command left (a trainer's reference cycles, CUDA's cached blocks)."""
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -39,7 +50,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     spec = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     codes: list[int] = []
-    for args in spec["steps"]:
+    for index, args in enumerate(spec["steps"]):
+        if index:
+            release_memory()
         code = cli.main(args)
         sys.stdout.flush()
         sys.stderr.flush()

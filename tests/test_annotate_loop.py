@@ -52,10 +52,19 @@ def stop_serve(proc) -> int:
 
 @pytest.fixture(scope="module")
 def loop(runs, sft_run, data_run):
+    from smolforge.annotate.server import ArgillaServer
+    from smolforge.errors import ServiceError
+
     proc, url = start_serve(runs.root)
     state = {"runs": runs, "proc": proc, "url": url, "sft": sft_run.name, "data": data_run.name}
-    yield state
-    stop_serve(state["proc"])
+    try:
+        home = runs.root / ".argilla"
+        assert json.loads((home / SERVER_FILE).read_text())["url"] == url == running_url(home)
+        with pytest.raises(ServiceError, match=f"already running at {url}"):   # one server per home
+            ArgillaServer(home).start()
+        yield state
+    finally:
+        stop_serve(state["proc"])
 
 
 def cli(loop, *args, capsys=None):
@@ -114,13 +123,21 @@ def snapshot(loop, min_votes):
 
 
 def restart(loop, kill_server: bool) -> None:
-    if kill_server:  # SIGKILL the argilla-server process itself; the supervisor notices and exits
-        server_pid = json.loads((loop["runs"].root / ".argilla" / SERVER_FILE).read_text())["server_pid"]
-        os.kill(server_pid, signal.SIGKILL)
+    """Stop ``annotate serve`` (SIGTERM), or SIGKILL its argilla-server process (the supervisor notices
+    and exits); either way no process of it (redis, server, worker) and no scratch folder is left."""
+    import psutil
+
+    home = loop["runs"].root / ".argilla"
+    spawned = psutil.Process(loop["proc"].pid).children(recursive=True)
+    assert len(spawned) >= 3                                         # redis, server, worker
+    if kill_server:
+        os.kill(json.loads((home / SERVER_FILE).read_text())["server_pid"], signal.SIGKILL)
         assert loop["proc"].wait(timeout=60) != 0
     else:
         assert stop_serve(loop["proc"]) == 0
-    assert running_url(loop["runs"].root / ".argilla") is None
+    gone, alive = psutil.wait_procs(spawned, timeout=10)
+    assert not alive, alive
+    assert running_url(home) is None and not (home / SERVER_FILE).exists() and not (home / "tmp").exists()
     loop["proc"], loop["url"] = start_serve(loop["runs"].root)
 
 

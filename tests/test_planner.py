@@ -150,10 +150,9 @@ def test_cpu_peak_is_measured():
 # --------------------------------------------------------------------------- the CLI edge
 
 
-def test_json_is_one_object_with_the_required_keys():
-    out = smolforge("plan", str(SMOLLM3_3B), "--tokens", "11e12", "--gpus", "384", "--days", "24", "--json")
-    assert out.returncode == 0, out.stderr
-    plan = json.loads(out.stdout)  # the whole of stdout is one JSON object
+def test_json_is_one_object_with_the_required_keys(capsys):
+    assert main(["plan", str(SMOLLM3_3B), "--tokens", "11e12", "--gpus", "384", "--days", "24", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)  # the whole of stdout is one JSON object
     assert isinstance(plan, dict) and REQUIRED_KEYS <= set(plan)
     assert set(plan["memory_per_gpu_bytes"]) == {"0", "1", "2", "3"}
     assert all(MEMORY_KEYS <= set(m) for m in plan["memory_per_gpu_bytes"].values())

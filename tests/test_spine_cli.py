@@ -24,6 +24,7 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN_STAGE = '''
 """Fake {stage} stage for the spine tests."""
 from __future__ import annotations
+import os
 from dataclasses import dataclass, field
 from smolforge.errors import DataError
 from smolforge.recipe import to_dict
@@ -60,7 +61,7 @@ def run(recipe, runs, *, overwrite=False):
             run.log(step, loss=1.0 / (step + 1))
         if recipe.fail:
             raise DataError("fake failure inside the stage")
-        run.finish({{"train/tokens": recipe.tokens, "train/loss": 0.5}})
+        run.finish({{"train/tokens": recipe.tokens, "train/loss": 0.5, "train/pid": os.getpid()}})
     return run
 '''
 
@@ -318,7 +319,7 @@ def test_pipeline_runs_steps_in_subprocesses_with_eval(fake_env):
     assert summary["steps"][0]["tokens"] == 1000 and summary["steps"][0]["wall_s"] >= 0
 
 
-def test_the_evals_of_one_model_share_a_process_and_a_failing_one_stops_the_pipeline(fake_env):
+def test_a_model_step_and_its_evals_share_a_process_and_a_failing_eval_stops_the_pipeline(fake_env):
     f = write(fake_env / "pipe.yaml", """\
         pipeline:
           - {stage: pretrain, name: p1}
@@ -330,7 +331,8 @@ def test_the_evals_of_one_model_share_a_process_and_a_failing_one_stops_the_pipe
     runs = Runs(fake_env / "runs")
     pid = {name: runs.get(name).metrics["eval/pid"] for name in
            ("eval-p1", "p1-b", "p1-vllm", "eval-s1", "s1-b", "s1-vllm")}
-    assert pid["eval-p1"] == pid["p1-b"] != pid["eval-s1"] == pid["s1-b"]   # one process per model's evals
+    trained = {name: runs.get(name).metrics["train/pid"] for name in ("p1", "s1")}
+    assert trained["p1"] == pid["eval-p1"] == pid["p1-b"] != trained["s1"] == pid["eval-s1"] == pid["s1-b"]
     assert len({pid["p1-vllm"], pid["s1-vllm"], pid["eval-p1"], pid["eval-s1"]}) == 4  # vLLM evals stay alone
 
     broken = write(fake_env / "broken.yaml", """\
