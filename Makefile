@@ -24,6 +24,8 @@ setup: $(STAMP) $(ARGILLA_STAMP)
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends redis-server; }
 	@command -v chromium >/dev/null 2>&1 || { echo "installing chromium (headless: report screenshot and Argilla UI tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
+	@{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || { echo "installing prometheus (live alert tests)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
 	@{ command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null 2>&1 || { \
 	  echo "installing slurm-wlm and munge (a one-machine Slurm cluster for the launch and datatrove tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge; }

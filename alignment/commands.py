@@ -23,9 +23,13 @@ EXAMPLES = {
 }
 
 
+# stages `smolforge lr-find` sweeps (smolforge.lr_range), and the module that does it
+LR_FIND = {"sft": "smolforge.alignment.lr_find"}
+
+
 def register(cli: Commands) -> None:
     for stage, example in EXAMPLES.items():
-        cli.stage(stage, example=example)
+        cli.stage(stage, example=example, lr_find=LR_FIND.get(stage))
     # training summaries stay in run.json; RL's held-out reward is a score
     cli.summary(hide=["train/*", "sft/*", "reward/*", "ppo/*", "rl/heldout_prompts", "rl/train_prompts",
                       "rl/generation", "rl/weight_syncs", "merge/*"])

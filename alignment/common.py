@@ -13,7 +13,9 @@ from typing import Any
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.generation.prompts import load_tokenizer
+from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
+from smolforge.tracking import TrackingSpec
 
 
 @dataclass
@@ -86,14 +88,59 @@ def lineage_fingerprints(parents: list[Run], own: dict[str, list[Path]]) -> dict
     return merged
 
 
-def run_logger(run: Run):
-    """A TrainerCallback that appends every Trainer log line to the run's metrics.jsonl."""
+def quiet_tracking() -> TrackingSpec:
+    """The TRL stages' default ``tracking:``: metrics.jsonl only, until a recipe names a reporter."""
+    return TrackingSpec(report_to=["none"])
+
+
+def check_tracking(recipe) -> None:
+    """RecipeError, before any run exists, when ``tracking.report_to`` names an unknown or missing reporter."""
+    from smolforge.tracking import resolve_report_to
+
+    resolve_report_to(recipe.tracking.report_to)
+
+
+def open_tracker(run: Run, recipe, main: bool = True):
+    """The recipe's :class:`~smolforge.tracking.Tracker` on the main process (a context manager;
+    ``None`` inside it elsewhere): for a stage with its own loop, as PPO's."""
+    import contextlib
+
+    if not main:
+        return contextlib.nullcontext(None)
+    from smolforge.tracking import Tracker
+
+    return Tracker(run.path, run.name, to_dict(recipe), recipe.tracking.report_to, recipe.tracking.prometheus_port)
+
+
+def run_logger(run: Run, recipe=None):
+    """A TrainerCallback that appends every Trainer log line to the run's metrics.jsonl and, on the
+    main process, mirrors it to the recipe's ``tracking:`` reporters (TensorBoard, wandb, trackio,
+    a Prometheus endpoint) through the same :class:`~smolforge.tracking.Tracker` pretraining uses."""
     from transformers import TrainerCallback
 
+    tracking = getattr(recipe, "tracking", None)
+
     class RunLogger(TrainerCallback):
+        tracker = None
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            if tracking is not None and state.is_world_process_zero and self.tracker is None:
+                from smolforge.tracking import Tracker
+
+                self.tracker = Tracker(run.path, run.name, to_dict(recipe), tracking.report_to,
+                                       tracking.prometheus_port)
+
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and state.is_world_process_zero:
-                run.log(state.global_step, **{k: v for k, v in logs.items() if isinstance(v, (int, float))})
+                numbers = {k: v for k, v in logs.items() if isinstance(v, (int, float))}
+                run.log(state.global_step, **numbers)
+                if self.tracker is not None:
+                    self.tracker.log(state.global_step, numbers)
+
+        def on_train_end(self, args, state, control, **kwargs):
+            if self.tracker is not None:
+                self.tracker.close()
+                self.tracker = None
 
     return RunLogger()
 
@@ -121,9 +168,21 @@ def validate_inputs(stage: str, recipe, runs: Runs) -> None:
     from smolforge.data.schemas import load_many, resolve_data
 
     kind, schema = STAGE_DATA[stage]
+    check_tracking(recipe)
     model_parent(runs, recipe.parent)
     paths, _ = resolve_data(recipe.data, runs, kind)
     load_many(paths, schema)
+
+
+def load_inputs(stage: str, recipe, runs: Runs) -> tuple[Run, Run | None, list[Path], list]:
+    """A TRL stage's inputs: the parent run (with a model), the data run (None for a file), the data
+    files and their validated rows (:func:`train_from_parent` and the LR range test read them so)."""
+    from smolforge.data.schemas import load_many, resolve_data
+
+    kind, schema = STAGE_DATA[stage]
+    parent = model_parent(runs, recipe.parent)
+    paths, data_run = resolve_data(recipe.data, runs, kind)
+    return parent, data_run, paths, load_many(paths, schema)
 
 
 def split_heldout(rows: list, fraction: float, seed: int) -> tuple[list, list]:
@@ -156,21 +215,17 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     """
     from datasets import Dataset
 
-    from smolforge.data.schemas import load_many, resolve_data
-
     from .ranks import check_exportable, save_trained, start_run, stop_on_request
 
-    kind, schema = STAGE_DATA[stage]
-    parent = model_parent(runs, recipe.parent)
-    paths, data_run = resolve_data(recipe.data, runs, kind)
-    rows = load_many(paths, schema)
+    kind = STAGE_DATA[stage][0]
+    parent, data_run, paths, rows = load_inputs(stage, recipe, runs)
     parents = [parent] + ([data_run] if data_run else [])
     parents += [extra for extra in extra_parents if extra.name not in {p.name for p in parents}]
     fingerprints = lineage_fingerprints(parents, {kind: paths})
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
-        callbacks = [run_logger(run), stopper := stop_on_request()]
+        callbacks = [run_logger(run, recipe), stopper := stop_on_request()]
         if eval_fraction > 0:
             train_rows, eval_rows = split_heldout(rows, eval_fraction, recipe.trainer.seed)
             trainer = make_trainer(parent.model_dir, Dataset.from_list(train_rows), tokenizer, callbacks,

@@ -49,8 +49,8 @@ from trl import DPOConfig
 from smolforge.errors import DataError, RecipeError
 from smolforge.runs import Run, Runs
 
-from .common import (LoraSpec, check_lora, export_merged, lora_config, model_parent, train_from_parent,
-                     trainer_defaults, validate_inputs)
+from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, lora_config, model_parent, quiet_tracking,
+                     train_from_parent, trainer_defaults, validate_inputs)
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +73,7 @@ class Recipe:
     reference: str = "parent"         # frozen reference: parent | none (LoRA only) | run:<name> | a model folder
     lora: LoraSpec | None = None      # train a LoRA adapter instead of all weights; merged into model/ at the end
     trainer: DPOConfig = field(default_factory=lambda: DPOConfig(**defaults()["trainer"]))  # any trl.DPOConfig field
+    tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
 
 
 def dpo_loss_types() -> list[str]:

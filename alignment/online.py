@@ -29,10 +29,12 @@ from typing import Any
 
 from smolforge.errors import RecipeError
 from smolforge.runs import Run, Runs
+from smolforge.tracking import TrackingSpec
 
 from smolforge.generation.prompts import load_tokenizer
 
-from .common import lineage_fingerprints, model_parent, run_logger, split_heldout, train_summary, trainer_defaults
+from .common import (check_tracking, lineage_fingerprints, model_parent, quiet_tracking, run_logger, split_heldout,
+                     train_summary, trainer_defaults)
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ class OnlineRecipe:
     heldout_fraction: float = 0.2     # prompts kept out of training to measure the reward before/after
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
     generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
+    tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
 
 
 def online_defaults(**overrides) -> dict:
@@ -114,6 +117,7 @@ def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool, processes: int
 
 def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> None:
     """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
+    check_tracking(recipe)
     _choose_rollouts(recipe, model_parent(runs, recipe.parent).model_dir, has_rollout_hook)
     if not 0 < recipe.heldout_fraction < 1:
         raise RecipeError(f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
@@ -188,7 +192,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
         try:
             rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer) if rollouts else None
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards,
-                                   [run_logger(run), stopper := stop_on_request()], rollout_func)
+                                   [run_logger(run, recipe), stopper := stop_on_request()], rollout_func)
             result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
             stopper.raise_if_stopped()
         finally:

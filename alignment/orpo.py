@@ -26,7 +26,7 @@ from trl.import_utils import TRLExperimentalWarning
 
 from smolforge.runs import Run, Runs
 
-from .common import train_from_parent, trainer_defaults
+from .common import TrackingSpec, quiet_tracking, train_from_parent, trainer_defaults
 from .dpo import check_beta_positive, final_metrics, validate_preferences
 
 with warnings.catch_warnings():
@@ -50,6 +50,7 @@ class Recipe:
     parent: str = "sft-demo"          # run whose model/ is the policy to start from (no reference model)
     data: str = "data-demo"           # data run (its data/prefs.jsonl) or a .jsonl of preference rows
     trainer: ORPOConfig = field(default_factory=lambda: ORPOConfig(**defaults()["trainer"]))  # any ORPOConfig field
+    tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:

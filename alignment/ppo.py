@@ -89,7 +89,7 @@ from smolforge.errors import RecipeError
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
-from .common import lineage_fingerprints, model_parent
+from .common import check_tracking, lineage_fingerprints, model_parent, open_tracker
 from .online import OnlineRecipe, load_prompts, reward_functions
 from .ppo_scoring import score_completions
 
@@ -217,6 +217,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     from smolforge.generation.backends import pick_backend
 
     _check_numbers(recipe)
+    check_tracking(recipe)
     pick_backend(recipe.generation, model_parent(runs, recipe.parent).model_dir, accepts=("vllm-server",))
     _, _, train, _ = load_prompts(recipe, runs, recipe.ppo.seed)
     probe = train[:2]
@@ -253,8 +254,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
         log.info("ppo: held-out reward of the parent policy %.3f on %d prompts", before, len(heldout))
         started = time.perf_counter()
-        with _rollouts(backend, parent.model_dir, run, spec) as rollouts:
-            history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts)
+        with _rollouts(backend, parent.model_dir, run, spec) as rollouts, open_tracker(run, recipe, main) as tracker:
+            history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts, tracker)
         seconds = time.perf_counter() - started
         after, details_after = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
         log.info("ppo: held-out reward %.3f -> %.3f", before, after)
@@ -276,7 +277,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     return run if main else runs.get(recipe.name, require_done=False)
 
 
-def _train(models, recipe: Recipe, run, train: list[dict], reward_fns: list, rollouts) -> tuple[list[dict], float]:
+def _train(models, recipe: Recipe, run, train: list[dict], reward_fns: list, rollouts,
+           tracker=None) -> tuple[list[dict], float]:
     """The PPO iterations on shuffled batches of ``train``: each step's metrics (logged as they come), final β."""
     import torch
 
@@ -292,6 +294,8 @@ def _train(models, recipe: Recipe, run, train: list[dict], reward_fns: list, rol
         metrics = step(models, spec, next(batches), reward_fns, kl_ctl, recipe.reward_weights, rollouts, generator)
         history.append(metrics)
         run.log(number, **metrics)
+        if tracker is not None:
+            tracker.log(number, metrics)
         if not all(math.isfinite(metrics[k]) for k in ("policy_loss", "value_loss", "kl")):
             raise RuntimeError(f"ppo step {number}: non-finite loss or KL ({metrics}); lower ppo.learning_rate")
         log.info("ppo step %d/%d: reward %.3f kl %.3f clipfrac %.3f", number, spec.steps, metrics["reward"],

@@ -27,8 +27,8 @@ from trl import RewardConfig
 from smolforge.errors import DataError, RecipeError
 from smolforge.runs import Run, Runs
 
-from .common import (LoraSpec, check_lora, lineage_fingerprints, load_tokenizer, lora_config, model_parent,
-                     run_logger, train_summary, trainer_defaults)
+from .common import (LoraSpec, TrackingSpec, check_lora, check_tracking, lineage_fingerprints, load_tokenizer,
+                     lora_config, model_parent, quiet_tracking, run_logger, train_summary, trainer_defaults)
 
 
 def defaults() -> dict:
@@ -48,6 +48,7 @@ class Recipe:
     split_seed: int = 0               # seed of the held-out split (apart from trainer.seed: same pairs across reruns)
     lora: LoraSpec | None = None      # LoRA adapters (the score head trains fully); merged into model/ at the end
     trainer: RewardConfig = field(default_factory=lambda: RewardConfig(**defaults()["trainer"]))  # any trl.RewardConfig field
+    tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
 
 
 def split_pairs(rows: list[dict], eval_fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -101,6 +102,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     if recipe.trainer.max_length is not None and recipe.trainer.max_length < 8:
         raise RecipeError(f"trainer.max_length={recipe.trainer.max_length} leaves no room for a prompt and answer")
     check_lora(recipe.lora)
+    check_tracking(recipe)
     model_parent(runs, recipe.parent)
     _pairs(recipe, runs)
 
@@ -141,7 +143,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         trainer = RewardTrainer(model=str(parent.model_dir), args=recipe.trainer,
                                 train_dataset=Dataset.from_list(_columns(train_rows)),
                                 eval_dataset=Dataset.from_list(_columns(held)),
-                                processing_class=tokenizer, callbacks=[run_logger(run), stopper := stop_on_request()],
+                                processing_class=tokenizer, callbacks=[run_logger(run, recipe), stopper := stop_on_request()],
                                 peft_config=lora_config(recipe.lora, "SEQ_CLS") if recipe.lora else None)
         check_exportable(trainer, recipe.lora is not None)
         kept = len(trainer.train_dataset)

@@ -30,8 +30,8 @@ from trl import SFTConfig
 from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Run, Runs
 
-from .common import (LoraSpec, check_lora, export_merged, lora_config, train_from_parent, trainer_defaults,
-                     validate_inputs)
+from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, lora_config, quiet_tracking, train_from_parent,
+                     trainer_defaults, validate_inputs)
 
 log = logging.getLogger(__name__)
 TRL_DEFAULT_LR = SFTConfig.__dataclass_fields__["learning_rate"].default
@@ -64,6 +64,7 @@ class Recipe:
     chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's
     lora: LoraSpec | None = None      # PEFT LoRA adapters, merged into model/ at the end
     trainer: SFTConfig = field(default_factory=lambda: SFTConfig(**defaults()["trainer"]))  # any trl.SFTConfig field
+    tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
 
 
 def pretraining_lr(runs: Runs, ref: str) -> float | None:
@@ -140,12 +141,13 @@ def _summary(trainer) -> dict:
     return out
 
 
-def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+def trainer_factory(recipe: Recipe):
+    """``make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None)``: TRL's SFTTrainer as
+    this recipe trains (``trainer:`` as its args, the chat template, early stopping, LoRA); :func:`run`
+    and the LR range test (:mod:`.lr_find`) build their trainers with it."""
     from transformers import AutoModelForCausalLM, EarlyStoppingCallback
     from trl import SFTTrainer
 
-    resolve_learning_rate(recipe, runs)
-    recipe.trainer = _with_early_stopping(recipe)
     peft_config = lora_config(recipe.lora) if recipe.lora is not None else None
 
     def make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None):
@@ -157,6 +159,12 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                           train_dataset=dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
                           callbacks=callbacks, peft_config=peft_config)
 
-    return train_from_parent("sft", recipe, runs, make_trainer, overwrite=overwrite, summarize=_summary,
+    return make_trainer
+
+
+def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+    resolve_learning_rate(recipe, runs)
+    recipe.trainer = _with_early_stopping(recipe)
+    return train_from_parent("sft", recipe, runs, trainer_factory(recipe), overwrite=overwrite, summarize=_summary,
                              eval_fraction=recipe.eval_fraction,
-                             export=export_merged if peft_config is not None else None)
+                             export=export_merged if recipe.lora is not None else None)

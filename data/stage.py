@@ -47,6 +47,7 @@ from smolforge.runs import Run, Runs, write_json_atomic
 from .dedup import DedupSpec
 from .filters import FilterSpec, QualityFilter
 from .sources import BadRows, Source, iter_rows, source_formats, source_label, validate_source
+from .safety import safety_conversations, safety_pairs
 from .synthetic import World, chat_text
 
 KINDS = {"pretrain": "text", "sft": "chat", "prefs": "preference", "prompts": "prompt"}
@@ -61,6 +62,8 @@ class WorldSpec:
     long_docs: int = 0             # long documents (domain "long": ledgers, hidden pass keys) for long-context training
     long_doc_words: int = 600      # words per long document (≈ 1.5 tokens a word with the demo tokenizer)
     reasoning: bool = False        # dual-mode SFT: multi-step sums with /think traces and /no_think answers
+    safety: bool = False           # harmful requests with refusals, edgy-but-benign ones with answers (SFT, and
+                                   # a fifth more preference pairs); the red-team suite stays held out
 
 
 @dataclass
@@ -328,8 +331,11 @@ def _rows_of(kind: str, recipe: Recipe, sources: dict[str, list[Source]], bad: B
     world = World.generate(seed=spec.seed, n_entities=spec.entities)
     generated = {"pretrain": lambda: (world.pretrain_corpus(n_docs=spec.pretrain_docs, seed=spec.seed + 1)
                                       + world.long_documents(spec.long_docs, spec.long_doc_words, seed=spec.seed + 5)),
-                 "sft": lambda: world.sft_conversations(reasoning=spec.reasoning),
-                 "prefs": lambda: world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2),
+                 "sft": lambda: (world.sft_conversations(reasoning=spec.reasoning)
+                                 + (safety_conversations() if spec.safety else [])),
+                 "prefs": lambda: (world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2)
+                                   + (safety_pairs(spec.preference_pairs // 5, seed=spec.seed + 6) if spec.safety
+                                      else [])),
                  "prompts": world.rl_prompts}[kind]()
     labels.append({"source": f"synthetic world (seed {spec.seed}, {spec.entities} entities)",
                    "format": "synthetic", "rows": len(generated)})

@@ -1,9 +1,11 @@
-"""The pretrain stage's command, and ``smolforge plan``: FLOPs, GPUs, days, cost and memory of a run.
+"""The pretrain stage's command, ``smolforge plan`` (FLOPs, GPUs, days, cost and memory of a run),
+``smolforge burnin`` (a hardware check of every rank before a long run) and ``smolforge doctor`` (the
+playbook's troubleshooting table applied to a run's metrics).
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
     >>> sorted(cli.tools), cli.stages["pretrain"].example.split()[:2]
-    (['plan'], ['smolforge', 'pretrain'])
+    (['burnin', 'doctor', 'plan'], ['smolforge', 'pretrain'])
 """
 from __future__ import annotations
 
@@ -52,8 +54,33 @@ def _plan(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
     return 0
 
 
+def _burnin_arguments(p: argparse.ArgumentParser) -> None:
+    from .burnin import add_arguments  # stdlib and spine only at its top: the parser stays cheap
+
+    add_arguments(p)
+
+
+def _burnin(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from .burnin import command
+
+    return command(args, ctx)
+
+
+def _doctor_arguments(p: argparse.ArgumentParser) -> None:
+    from .doctor import add_arguments  # stdlib and spine only: the parser stays cheap
+
+    add_arguments(p)
+
+
+def _doctor(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from .doctor import command
+
+    return command(args, ctx)
+
+
 def register(cli: Commands) -> None:
-    cli.stage("pretrain", example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine")
+    cli.stage("pretrain", example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine",
+              lr_find="smolforge.pretrain.lr_find")   # `smolforge lr-find` on pretrain recipes
     cli.tool(
         "plan", help="plan a run or a folder of recipes (FLOPs, GPU-hours, days, cost, memory)", handler=_plan,
         arguments=_plan_arguments,
@@ -68,3 +95,24 @@ def register(cli: Commands) -> None:
                   "--json",
                   "smolforge plan recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8",
                   "smolforge plan recipes/smollm3-3b --gpus 384"])
+    cli.tool(
+        "burnin", help="check every rank's hardware before a long run (matmul, memory, all-reduce, NVML)",
+        handler=_burnin, arguments=_burnin_arguments,
+        description="Measure every rank at once: matmul TFLOP/s against the device's peak, a memory pattern test,\n"
+        "all-reduce bus bandwidth (nccl-tests' algbw × 2(n-1)/n) and, with pynvml on a GPU, temperature, clocks\n"
+        "and ECC errors. A rank --margin below the median matmul throughput (or above the median all-reduce\n"
+        "time), memory mismatches or uncorrected ECC errors are flagged: exit 1; healthy: exit 0.\n"
+        "--processes N starts N ranks through torchrun; under a launcher (RANK set) each process is a rank.\n"
+        "See docs/pretraining.md.",
+        examples=["smolforge burnin --processes 2", "smolforge burnin --processes 8 --seconds 300 --json",
+                  "torchrun --nproc_per_node 8 -m smolforge burnin"])
+    cli.tool(
+        "doctor", help="diagnose a training run from its metrics (the playbook's troubleshooting table)",
+        handler=_doctor, arguments=_doctor_arguments,
+        description="Read a run's metrics.jsonl and run.json and look for the playbook's symptoms: a NaN/inf loss,\n"
+        "memory above 90 % of the device, a sudden throughput drop (the logged wait for batches says whether\n"
+        "the loader did it), a noisier loss (naming the mixture phase to inspect), grad-norm jumps >= 3x, low\n"
+        "MFU. Each finding names its steps, values, likely cause and fix. Exit 0, also with findings;\n"
+        "--strict: exit 1 when there are findings. See docs/pretraining.md.",
+        examples=["smolforge doctor pretrain-demo", "smolforge doctor pretrain-demo --json",
+                  "smolforge doctor pretrain-big --device-memory 80 --strict"])

@@ -29,12 +29,14 @@ import logging
 import math
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from smolforge.errors import Preempted, RecipeError, RunError
 from smolforge.recipe import build, to_dict
 from smolforge.runs import Run, Runs
+from smolforge.tracking import TrackingSpec
 
 from . import checkpoint as ckpt
 from .distributed import barrier, broadcast, distributed, ds_config, mean_across_ranks
@@ -92,12 +94,6 @@ class ContextSpec:
     """Continued pretraining (``init:``) only: the parent's positions, changed; unset keeps the parent's."""
     max_position_embeddings: int | None = None  # longest sequence the continued model is built for
     rope_theta: float | None = None   # RoPE base (SmolLM3 raised it at each long-context step)
-
-
-@dataclass
-class TrackingSpec:
-    report_to: list = field(default_factory=lambda: ["auto"])  # tensorboard | trackio | wandb | none | auto
-    prometheus_port: int | None = None  # serve live metrics on 127.0.0.1:PORT (0 = any free port)
 
 
 @dataclass
@@ -246,7 +242,9 @@ def resume_point(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
     return found
 
 
-def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+def load_data(recipe: Recipe, runs: Runs) -> tuple[Run, object, dict]:
+    """The data run (its mixture adopted by a recipe without one), its tokenizer, and the packed rows
+    by domain: what :func:`run` and the LR range test (:mod:`.lr_find`) train on."""
     from transformers import AutoTokenizer
 
     from .batches import load_domains
@@ -256,6 +254,11 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
     domains, how = load_domains(data_run.path, tokenizer, recipe.train.seq_len, recipe.train.whole_documents)
     log.info("pretrain data: %s", how)
+    return data_run, tokenizer, domains
+
+
+def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+    data_run, tokenizer, domains = load_data(recipe, runs)
     resume_from = resume_point(recipe, runs, overwrite)
     with distributed() as (deepspeed, rank, world), contextlib.ExitStack() as stack:
         if rank == 0:
@@ -286,12 +289,15 @@ def effective_zero_stage(t: TrainSpec, world: int) -> int:
 class Loop:
     """load → setup → train; the step body is in :meth:`train` and fits on a screen."""
 
-    def __init__(self, recipe: Recipe, run: Run, deepspeed, tokenizer, domains: dict, rank: int, world: int):
+    def __init__(self, recipe: Recipe, run: Run, deepspeed, tokenizer, domains: dict, rank: int, world: int,
+                 schedule: Callable[[int], float] | None = None):
+        """``schedule``: the LR as a multiple of ``train.learning_rate`` by 0-based optimizer step;
+        default the recipe's warmup and decay (the LR range test passes an exponential one)."""
         import torch
 
         from .flops import flops_per_token, peak_flops
         from .model import build_model
-        from .monitor import ThroughputMonitor
+        from .monitor import ThroughputMonitor, device_memory_gb
         from .schedule import lr_multiplier
 
         self.recipe, self.run, self.tokenizer = recipe, run, tokenizer
@@ -311,7 +317,8 @@ class Loop:
         optimizer = torch.optim.AdamW(model.parameters(), lr=t.learning_rate, weight_decay=t.weight_decay,
                                       betas=(t.adam_beta1, t.adam_beta2))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_multiplier(t.schedule, t.max_steps, t.warmup_steps, t.min_lr_ratio, t.decay_fraction))
+            optimizer, schedule or lr_multiplier(t.schedule, t.max_steps, t.warmup_steps, t.min_lr_ratio,
+                                                 t.decay_fraction))
         self.zero_stage = effective_zero_stage(t, world)
         # At ZeRO-0 DeepSpeed clips but discards the norm, so the loop clips itself (see step()).
         config = ds_config(t.micro_batch_size, t.grad_accum, world, t.grad_clip if self.zero_stage else 0.0,
@@ -335,10 +342,13 @@ class Loop:
                                          peak_flops(device), devices=world)
         self.tracker = None
         if rank == 0:
-            from .tracking import Tracker
+            from smolforge.tracking import Tracker
 
             self.tracker = Tracker(run.path, run.name, to_dict(recipe), recipe.tracking.report_to,
                                    recipe.tracking.prometheus_port)
+            device_gb = device_memory_gb()
+            run.update_metrics({"train/device_memory_gb": device_gb})  # `smolforge doctor`, even on failure
+            self.tracker.log(0, {"device_memory_gb": device_gb})   # the memory alert's denominator
         self.spikes_in_a_row = 0
         self.grad_norm: float | None = None
         self.step_lr = 0.0
@@ -401,7 +411,8 @@ class Loop:
         t = self.t
         picks = self.sampler.next_batch(step)
         losses, spiked, spike_reason = [], 0, None
-        for micro in micro_batches(self.domains, picks, t.micro_batch_size, t.grad_accum, self.rank, self.world):
+        batches = micro_batches(self.domains, picks, t.micro_batch_size, t.grad_accum, self.rank, self.world)
+        for micro in self.monitor.timed(batches):  # the wait for each batch: data_s / data_share
             batch = {k: v.to(self.engine.device) for k, v in micro.items()}
             loss = self.engine(**batch, use_cache=False).loss
             value = mean_across_ranks(loss.item())

@@ -7,7 +7,8 @@
     smolforge lineage dpo-demo
     smolforge import ./SmolLM3-3B-Base --name smollm3-base
 
-The spine owns ``pipeline``, ``runs``, ``lineage`` and ``import`` (:mod:`smolforge.model_import`);
+The spine owns ``pipeline``, ``runs``, ``lineage``, ``import`` (:mod:`smolforge.model_import`),
+``launch`` and ``lr-find`` (:mod:`smolforge.lr_range`, which runs the sweep its stage's package declares);
 every other command comes from a package's ``commands`` module (:mod:`smolforge.commands`,
 :data:`smolforge.registry.COMMAND_MODULES`),
 and a stage's command runs its ``validate`` and ``run``. Only stdlib and pyyaml are imported
@@ -97,7 +98,7 @@ def _global_arguments(parser: argparse.ArgumentParser) -> None:
                         "before or after the command")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table "
-                        "(pipeline, runs, lineage, data, plan, compare, eval audit)")
+                        "(pipeline, runs, lineage, data, plan, compare, eval audit, lr-find, doctor, burnin)")
     parser.add_argument("--local_rank", "--local-rank", type=int, metavar="N",
                         help="this process's index on its node, as the deepspeed launcher passes it "
                         "(becomes $LOCAL_RANK when unset)")
@@ -170,12 +171,31 @@ def build_parser() -> argparse.ArgumentParser:
     m.set_defaults(handler=_cmd_import, takes_extras=False)
 
     _launch_parser(sub, fmt)
+    _lr_find_parser(sub, fmt)
 
     for tool in declared.tools.values():
         add_tool_parser(sub, tool, fmt)
     for choice in sub.choices.values():  # --help of every command lists the global options too
         _global_arguments(choice.add_argument_group("global options (before or after the command)"))
     return parser
+
+
+def _lr_find_parser(sub, fmt) -> None:
+    from smolforge.lr_range import add_arguments  # stdlib and spine only: the parser stays cheap
+
+    p = sub.add_parser(
+        "lr-find", help="learning-rate range test on a pretrain or SFT recipe: loss vs LR plot, a suggested LR",
+        formatter_class=fmt,
+        description="One short run of the recipe's stage whose LR grows by a constant factor every step, --min to "
+        "--max;\nit stops when the smoothed loss exceeds 4x its minimum or turns NaN. Prints a suggested LR and "
+        "the rule\nthat gave it (one tenth of the LR at the smoothed loss's minimum; steepest descent as a "
+        "cross-check),\nfor SFT also the playbook's 1/10-1/5-of-pretraining window. Writes runs/lrfind-<recipe "
+        "name>/ (lr_find.svg,\nlr_find.json), replacing the previous sweep of that recipe. See docs/pretraining.md.",
+        epilog=epilog("smolforge lr-find --config recipes/demo/pretrain.yaml",
+                      "smolforge lr-find --config recipes/demo/sft.yaml --min 1e-6 --max 1 --steps 100 --json"),
+    )
+    add_arguments(p)
+    p.set_defaults(handler=_cmd_lr_find, takes_extras=False)
 
 
 def _launch_parser(sub, fmt) -> None:
@@ -281,6 +301,12 @@ def _cmd_launch(args: argparse.Namespace, extras: list[str], ctx: Context) -> in
         print(f"submitted job {job_id}: run {data['name']} queued → {run_dir} (script: {run_dir / 'slurm' / 'job.sh'})")
     return 0
 
+
+
+def _cmd_lr_find(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from smolforge.lr_range import command
+
+    return command(args, ctx)
 
 
 def _cmd_pipeline(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:

@@ -4,7 +4,9 @@ A command module (listed in :data:`smolforge.registry.COMMAND_MODULES`) imports 
 and the spine, and has ``register(cli: Commands) -> None``. In it a package
 
 - shapes the subcommand of one of its stages (``cli.stage``): an example for ``--help``, extra
-  arguments, and a handler that prepares the arguments and then calls :func:`run_stage`;
+  arguments, and a handler that prepares the arguments and then calls :func:`run_stage`; and,
+  where the stage can run a learning-rate range test, the module that does it (``lr_find=``,
+  used by ``smolforge lr-find``, :mod:`smolforge.lr_range`);
 - adds a tool command (``cli.tool``): ``plan``, ``compare``, ``serve``…, with its arguments and
   its handler;
 - says which of the metrics its stages write are pipeline-summary scores (``cli.summary``).
@@ -63,6 +65,8 @@ class StageCommand:
     handler: Handler | None = None             # default: run_stage
     config_required: bool = True               # --config must be given
     usage: str | None = None                   # replaces the default description's first line
+    lr_find: str | None = None                 # dotted module whose lr_find(recipe, runs, sweep) runs
+                                               # `smolforge lr-find` on this stage's recipes (smolforge.lr_range)
 
 
 @dataclasses.dataclass

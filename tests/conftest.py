@@ -8,8 +8,11 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import random
 import shutil
+import string
 import subprocess
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
@@ -18,6 +21,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# trackio reads its folder once, at import: a private one, so no test writes into ~/.cache/huggingface
+os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="smolforge-test-trackio-"))
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # `make test` runs two workers on two cores: one compute thread each (and in the processes
     # they start), or torch's OpenMP threads oversubscribe the cores and spin (measured: 400 s → 340 s).
@@ -40,7 +45,7 @@ DEMO = REPO / "recipes" / "demo"
 
 # Overrides that shrink each demo recipe to a seconds-long run.
 TINY = {
-    "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48, "long_docs": 12, "reasoning": False,
+    "data": {"world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48, "long_docs": 12, "reasoning": False, "safety": False,
                        "long_doc_words": 150},
              "tokenizer": {"vocab_size": 400}, "pack": {"seq_len": 64}, "progress": False},
     "pretrain": {"model": {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2,
@@ -134,6 +139,21 @@ def dpo_run(runs, chain_root, sft_run):
     return chain_run("dpo", runs, chain_root)
 
 
+@pytest.fixture(scope="session")
+def spiky_data(runs, tmp_path_factory):
+    """Repetitive 'clean' text the model learns at once, and a 'noise' domain of random strings."""
+    rng = random.Random(0)
+    rows = [{"text": "one two three four five six seven eight nine ten. " * 3, "domain": "clean"}
+            for _ in range(300)]
+    rows += [{"text": "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(400)),
+              "domain": "noise"} for _ in range(40)]
+    path = tmp_path_factory.mktemp("spiky") / "pretrain.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    # repeated on purpose: filters and dedup, which would remove the copies and the noise, are off
+    return run_stage("data", runs, name="data-spiky", sources={"pretrain": str(path)},
+                     filters={"enabled": False}, dedup={"exact": False, "near": False})
+
+
 QUIET = {"tracking": {"report_to": ["none"]}}
 ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}   # the multi-rank pretraining runs
 
@@ -177,10 +197,12 @@ def torchrun_zero3_run(runs, chain_root, data_run):
 # `make test` runs two pytest-xdist workers with --dist loadfile --no-loadscope-reorder: whole files,
 # in collection order. The longest files (measured: `pytest --durations=0`, summed per file) go
 # first, longest first, so the last file to start is a short one and both workers end together.
-LONGEST_FIRST = ("test_pipeline_e2e.py", "test_ranks.py", "test_pretrain_loop.py", "test_slurm_launch.py",
-                 "test_eval_backends.py", "test_annotate_server.py", "test_annotate_loop.py", "test_serve.py",
-                 "test_vllm_rollouts.py", "test_pipeline_isolation.py", "test_audit.py",
-                 "test_data_datatrove.py", "test_dpo_family.py", "test_annotate_ui.py", "test_ppo_stage.py")
+LONGEST_FIRST = ("test_pipeline_e2e.py", "test_ranks.py", "test_slurm_launch.py", "test_pretrain_loop.py",
+                 "test_eval_backends.py", "test_annotate_loop.py", "test_vllm_rollouts.py", "test_serve.py",
+                 "test_safety.py", "test_burnin.py", "test_annotate_server.py", "test_data_datatrove.py",
+                 "test_alerts.py", "test_tracking_real.py", "test_doctor.py", "test_lr_find.py",
+                 "test_annotate_ui.py", "test_pipeline_isolation.py", "test_planner.py", "test_audit.py",
+                 "test_ppo_stage.py", "test_dpo_family.py")
 
 
 def pytest_collection_modifyitems(items):

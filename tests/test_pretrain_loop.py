@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import signal
-import string
 import subprocess
 import sys
 import time
@@ -55,21 +53,6 @@ def test_mixture_naming_an_unknown_domain_is_refused(runs, data_run):
 
 
 # -- spike guard -------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def spiky_data(runs, tmp_path_factory):
-    """Repetitive 'clean' text the model learns at once, and a 'noise' domain of random strings."""
-    rng = random.Random(0)
-    rows = [{"text": "one two three four five six seven eight nine ten. " * 3, "domain": "clean"}
-            for _ in range(300)]
-    rows += [{"text": "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(400)),
-              "domain": "noise"} for _ in range(40)]
-    path = tmp_path_factory.mktemp("spiky") / "pretrain.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    # repeated on purpose: filters and dedup, which would remove the copies and the noise, are off
-    return run_stage("data", runs, name="data-spiky", sources={"pretrain": str(path)},
-                     filters={"enabled": False}, dedup={"exact": False, "near": False})
-
-
 SPIKE_MIXTURE = [{"until": 0.6, "weights": {"clean": 1.0}},           # steps 1-14
                  {"until": 0.65, "weights": {"clean": 0.0, "noise": 1.0}},  # step 15: a batch of noise
                  {"until": 1.0, "weights": {"clean": 1.0}}]

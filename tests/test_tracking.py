@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from smolforge.pretrain import tracking
-from smolforge.pretrain.prometheus import MetricsServer
-from smolforge.pretrain.tracking import Tracker
+from smolforge import tracking
+from smolforge.prometheus import MetricsServer
+from smolforge.tracking import Tracker
 from smolforge.errors import RecipeError
 
 
@@ -116,7 +116,7 @@ def test_failing_reporter_is_disabled_after_one_warning(tmp_path, monkeypatch, c
         raise OSError("disk full")
 
     monkeypatch.setattr(tracking.TensorBoardReporter, "log", broken_log)
-    with caplog.at_level(logging.WARNING, logger="smolforge.pretrain.tracking"):
+    with caplog.at_level(logging.WARNING, logger="smolforge.tracking"):
         with Tracker(tmp_path, "pretrain-test", {}, report_to=["tensorboard"]) as tracker:
             for step in range(1, 4):
                 tracker.log(step, {"loss": 1.0})        # must not raise
@@ -132,7 +132,7 @@ def test_reporter_that_cannot_start_does_not_stop_training(tmp_path, monkeypatch
         raise RuntimeError("no space left")
 
     monkeypatch.setattr(tracking.TensorBoardReporter, "__init__", cannot_start)
-    with caplog.at_level(logging.WARNING, logger="smolforge.pretrain.tracking"):
+    with caplog.at_level(logging.WARNING, logger="smolforge.tracking"):
         with Tracker(tmp_path, "pretrain-test", {}, report_to=["tensorboard"]) as tracker:
             tracker.log(1, {"loss": 1.0})
             assert tracker.active == []
@@ -146,14 +146,14 @@ def test_warnings_never_show_secrets(tmp_path, monkeypatch, caplog):
         raise RuntimeError("auth failed for secret-key-1234567890")
 
     monkeypatch.setattr(tracking.TensorBoardReporter, "log", leaky_log)
-    with caplog.at_level(logging.DEBUG, logger="smolforge.pretrain.tracking"):
+    with caplog.at_level(logging.DEBUG, logger="smolforge.tracking"):
         with Tracker(tmp_path, "pretrain-test", {}, report_to=["tensorboard"]) as tracker:
             tracker.log(1, {"loss": 1.0})
     assert "auth failed" in caplog.text and "secret-key-1234567890" not in caplog.text
 
 
 def test_active_reporters_are_logged_once(tmp_path, caplog):
-    with caplog.at_level(logging.INFO, logger="smolforge.pretrain.tracking"):
+    with caplog.at_level(logging.INFO, logger="smolforge.tracking"):
         with Tracker(tmp_path, "pretrain-test", {}, report_to=["tensorboard"]) as tracker:
             tracker.log(1, {"loss": 1.0})
             tracker.log(2, {"loss": 0.5})

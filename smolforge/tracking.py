@@ -10,7 +10,9 @@
     ([], True)
 
 ``metrics.jsonl`` (``Run.log``) stays the source of truth; a Tracker only mirrors the numbers to
-whatever the recipe's ``report_to`` asks for:
+whatever the recipe's ``tracking.report_to`` asks for. Every training stage takes the same
+``tracking:`` section (:class:`TrackingSpec`): pretraining calls the Tracker from its loop, the TRL
+stages through a TrainerCallback (``alignment/common.py``), so both report to the same places:
 
 - ``"tensorboard"``: ``torch.utils.tensorboard.SummaryWriter`` writing ``<run>/tensorboard``.
 - ``"wandb"``: ``wandb.init(project="smolforge", dir=<run>, mode=$WANDB_MODE or "offline")``.
@@ -37,6 +39,7 @@ import json
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -45,6 +48,7 @@ from smolforge.errors import RecipeError
 from .prometheus import MetricsServer, number
 
 __all__ = [
+    "TrackingSpec",
     "REPORTERS",
     "AUTO_REPORTERS",
     "Tracker",
@@ -62,6 +66,14 @@ _REMOTE_TRACKIO_ENV = ("TRACKIO_SPACE_ID", "TRACKIO_SERVER_URL")
 _SECRET_MARKERS = ("KEY", "TOKEN", "SECRET", "PASSWORD")
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TrackingSpec:
+    """A training recipe's ``tracking:`` section (pretraining's default ``auto``; the TRL stages' ``none``)."""
+
+    report_to: list = field(default_factory=lambda: ["auto"])  # tensorboard | trackio | wandb | none | auto
+    prometheus_port: int | None = None  # serve live metrics on 127.0.0.1:PORT (0 = any free port)
 
 
 # -- choosing reporters

@@ -18,14 +18,29 @@ from __future__ import annotations
 import logging
 import numbers
 import re
+from pathlib import Path
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
 
-__all__ = ["METRIC_PREFIX", "MetricsServer", "metric_name"]
+__all__ = ["METRIC_PREFIX", "MetricsServer", "metric_name", "alert_rules_path", "dashboard_path"]
 
 METRIC_PREFIX = "smolforge_train_"
 logger = logging.getLogger(__name__)
+
+
+def alert_rules_path() -> Path:
+    """The shipped Prometheus alert rules (the playbook's thresholds; ``promtool check rules`` it).
+
+    >>> alert_rules_path().name, alert_rules_path().is_file()
+    ('rules.yml', True)
+    """
+    return Path(__file__).with_name("alerting") / "rules.yml"
+
+
+def dashboard_path() -> Path:
+    """The shipped Grafana dashboard (import it; its data source is the Prometheus that scrapes the runs)."""
+    return Path(__file__).with_name("alerting") / "grafana-dashboard.json"
 
 
 def metric_name(name: str) -> str:
