@@ -46,9 +46,18 @@ def prometheus(tmp_path):
     try:
         wait_until_ready(f"{url}/-/ready", {"prometheus": (proc, log)}, what="Prometheus", started=time.perf_counter(),
                          timeout=60)
+        deadline = time.monotonic() + 30      # its scrape manager takes targets up on a 5 s tick, after ready
+        while not get(url, "/api/v1/targets")["activeTargets"]:
+            assert time.monotonic() < deadline, "Prometheus never took up the scrape target"
+            time.sleep(0.2)
         yield url, metrics_port
     finally:
         stop_group(proc, grace=10)
+
+
+def get(url: str, path: str) -> dict:
+    with urllib.request.urlopen(f"{url}{path}", timeout=10) as reply:
+        return json.loads(reply.read())["data"]
 
 
 def query(url: str, expr: str, start: float, end: float) -> list[dict]:

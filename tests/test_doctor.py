@@ -11,7 +11,6 @@ import json
 import math
 import random
 import statistics
-import string
 import time
 
 import pytest
@@ -268,22 +267,8 @@ def slow_loader_run(runs, data_run):
                          **QUIET)
 
 
-@pytest.fixture(scope="module")
-def noisy_data(runs, tmp_path_factory):
-    """Repetitive 'clean' text the model learns at once, and a 'scraped' domain of random characters."""
-    rng = random.Random(0)
-    rows = [{"text": "one two three four five six seven eight nine ten. " * 3, "domain": "clean"}
-            for _ in range(200)]
-    rows += [{"text": "".join(rng.choice(string.ascii_letters + string.digits) for _ in range(400)),
-              "domain": "scraped"} for _ in range(40)]
-    path = tmp_path_factory.mktemp("doctor") / "pretrain.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return run_stage("data", runs, name="data-doctor-noise", sources={"pretrain": str(path)},
-                     filters={"enabled": False}, dedup={"exact": False, "near": False})
-
-
 CORRUPTED = [{"until": 0.5, "weights": {"clean": 1.0}},                      # steps 1-8
-             {"until": 0.75, "weights": {"clean": 0.5, "scraped": 0.5}},      # steps 9-12: half of it garbage
+             {"until": 0.75, "weights": {"clean": 0.5, "noise": 0.5}},        # steps 9-12: half of it garbage
              {"until": 1.0, "weights": {"clean": 1.0}}]                       # steps 13-16
 
 
@@ -316,16 +301,16 @@ def test_a_slowed_loader_is_diagnosed_as_data_loading(capsys, runs, slow_loader_
     assert code == 1 and "throughput dropped suddenly" in out and "loader workers, prefetch" in out
 
 
-def test_a_corrupted_data_phase_is_diagnosed_as_a_data_shift_in_that_phase(capsys, runs, noisy_data):
-    run_stage("pretrain", runs, name="doctor-corrupted", data=noisy_data.name, mixture=CORRUPTED,
+def test_a_corrupted_data_phase_is_diagnosed_as_a_data_shift_in_that_phase(capsys, runs, spiky_data):
+    run_stage("pretrain", runs, name="doctor-corrupted", data=spiky_data.name, mixture=CORRUPTED,
               train={**TRAIN, "max_steps": 16, "learning_rate": 1e-2}, checkpoint={"every_steps": 0},
               spike={"action": "skip", "min_history": 4, "window": 5}, **QUIET)
     findings = but_contention(doctor_json(capsys, runs, "doctor-corrupted")["findings"])
     [finding] = [f for f in findings if f["check"] == "loss_noise"]
     assert finding["symptom"] == "loss curve got noisier" and 9 <= finding["steps"][0] < finding["steps"][1] <= 12
     assert len(finding["figures"]["loud_steps"]) >= 2, finding
-    assert "mixture phase 1 (steps 9-12, weights clean 0.5, scraped 0.5; realised " in finding["fix"]
-    assert "data run 'data-doctor-noise'" in finding["fix"]
+    assert "mixture phase 1 (steps 9-12, weights clean 0.5, noise 0.5; realised " in finding["fix"]
+    assert "data run 'data-spiky'" in finding["fix"]
     assert {f["check"] for f in findings} <= {"loss_noise", "grad_norm"}   # bad batches move gradients too
 
 

@@ -25,6 +25,7 @@ def test_the_wheel_installs_namespaced_stages_and_their_suites_and_resists_a_sha
         assert f"smolforge/{package}/__init__.py" in names
     assert not any(n.split("/")[0] in ("data", "evals", "alignment") for n in names)   # nothing top-level
     assert "smolforge/evals/suites/redteam/suite.yaml" in names
+    assert {"smolforge/alerting/rules.yml", "smolforge/alerting/grafana-dashboard.json"} <= set(names)
     zipfile.ZipFile(wheel).extractall(tmp_path / "site")
 
     work = tmp_path / "work"                                      # a user's folder with its own data/, evals/
