@@ -21,8 +21,10 @@ does not grow with the corpus.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import mmap
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -158,6 +160,8 @@ class PackedRows:
         at = np.asarray(indices, dtype=np.int64)
         ids = torch.from_numpy(np.asarray(self.ids[at], dtype=np.int64))
         positions = torch.from_numpy(np.asarray(self.positions[at], dtype=np.int64))
+        _unmap_read_pages(self.ids)
+        _unmap_read_pages(self.positions)
         return {"input_ids": ids, "position_ids": positions,
                 "labels": ids.masked_fill(positions == 0, IGNORE_INDEX)}
 
@@ -170,6 +174,20 @@ class PackedRows:
         if key == "labels":
             return np.where(self.positions == 0, IGNORE_INDEX, self.ids.astype(np.int64))
         raise KeyError(key)
+
+
+def _unmap_read_pages(rows: np.ndarray) -> None:
+    """Drop from this process the file pages a read mapped in (they stay in the page cache).
+
+    Without it a rank's resident set grows with every row it reads, by far more than the row:
+    each page fault maps the cached pages around it too (measured: about 35-190 KB per 1 KB row),
+    so over a long run the whole corpus would end up counted in every rank's RSS. The copy the
+    read returned is the rank's own; the next read of these rows maps them again.
+    """
+    mapped = getattr(rows, "_mmap", None)
+    if mapped is not None:
+        with contextlib.suppress(OSError, ValueError):
+            mapped.madvise(mmap.MADV_DONTNEED)
 
 
 def _mapped(path: Path, dtype: str, shape: tuple[int, int]) -> np.ndarray:
