@@ -521,3 +521,35 @@ def test_committed_longctx_suite_equals_a_fresh_write(tmp_path):
         for _, row in read_jsonl(SUITES_DIR / "longctx" / f"{name}.jsonl"):
             assert f"The pass key is{row['choices'][row['gold']]}." in row["context"]
             assert "Box" not in row["context"] and "favourite" not in row["context"]   # filler no training text holds
+
+
+def _rss_file_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("RssFile:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no RssFile in /proc/self/status")
+
+
+def test_reading_packed_rows_leaves_no_file_pages_mapped_in_the_process(tmp_path):
+    """400 random rows of a 64 MiB packed corpus (in the page cache, as right after packing): the
+    process's file-backed resident set stays where it was, instead of growing by the pages that each
+    page fault maps around the row it reads (tens of MiB)."""
+    import numpy as np
+
+    from smolforge.data.packed import PackedRows
+
+
+    rows, seq_len = 32768, 256
+    ids_path, pos_path = tmp_path / "web.ids.bin", tmp_path / "web.pos.bin"
+    np.arange(rows * seq_len, dtype=np.uint32).tofile(ids_path)
+    np.tile(np.arange(seq_len, dtype=np.uint16), rows).tofile(pos_path)
+    packed = PackedRows(np.memmap(ids_path, dtype=np.uint32, mode="r", shape=(rows, seq_len)),
+                        np.memmap(pos_path, dtype=np.uint16, mode="r", shape=(rows, seq_len)))
+    packed.read([0])        # the first read imports torch, whose own libraries are file-backed pages too
+    before, rng, peak = _rss_file_mib(), random.Random(0), 0.0
+    for _ in range(25):
+        picks = [rng.randrange(rows) for _ in range(16)]
+        batch = packed.read(picks)
+        assert batch["input_ids"][0, 0].item() == picks[0] * seq_len     # the rows asked for, in order
+        peak = max(peak, _rss_file_mib())
+    assert peak - before < 4.0, f"file-backed RSS grew by {peak - before:.1f} MiB"
