@@ -112,23 +112,18 @@ def open_tracker(run: Run, recipe, main: bool = True):
     return Tracker(run.path, run.name, to_dict(recipe), recipe.tracking.report_to, recipe.tracking.prometheus_port)
 
 
-def run_logger(run: Run, recipe=None):
+def run_logger(run: Run, recipe):
     """A TrainerCallback that appends every Trainer log line to the run's metrics.jsonl and, on the
     main process, mirrors it to the recipe's ``tracking:`` reporters (TensorBoard, wandb, trackio,
     a Prometheus endpoint) through the same :class:`~smolforge.tracking.Tracker` pretraining uses."""
     from transformers import TrainerCallback
 
-    tracking = getattr(recipe, "tracking", None)
-
     class RunLogger(TrainerCallback):
         tracker = None
 
         def on_train_begin(self, args, state, control, **kwargs):
-            if tracking is not None and state.is_world_process_zero and self.tracker is None:
-                from smolforge.tracking import Tracker
-
-                self.tracker = Tracker(run.path, run.name, to_dict(recipe), tracking.report_to,
-                                       tracking.prometheus_port)
+            if state.is_world_process_zero and self.tracker is None:
+                self.tracker = open_tracker(run, recipe)
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if logs and state.is_world_process_zero:
