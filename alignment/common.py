@@ -13,6 +13,7 @@ from typing import Any
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.generation.prompts import load_tokenizer
+from smolforge.profiling import StepProfiler, check_profile
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
@@ -140,6 +141,46 @@ def run_logger(run: Run, recipe):
     return RunLogger()
 
 
+def step_profiler(run: Run, recipe):
+    """A TrainerCallback recording the recipe's ``profile:`` steps with
+    :class:`~smolforge.profiling.StepProfiler` (``on_step_end`` = one optimizer step; each process
+    writes its own trace, the main one prints the tables). Also a context manager around
+    ``trainer.train()``, so a training that raises stops the profiler; afterwards ``metrics`` holds
+    the ``profile/*`` figures for run.json."""
+    from transformers import TrainerCallback
+
+    class ProfileSteps(TrainerCallback):
+        def __init__(self) -> None:
+            self.profiler: StepProfiler | None = None
+            self.metrics: dict = {}
+
+        def on_train_begin(self, args, state, control, **kwargs):
+            self.close()
+            self.profiler = StepProfiler(recipe.profile, run.path, args.process_index, done=state.global_step,
+                                         main=state.is_world_process_zero).__enter__()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if self.profiler is not None:
+                self.profiler.step()
+
+        def on_train_end(self, args, state, control, **kwargs):
+            self.close()
+
+        def close(self, exc_type=None, exc=None, tb=None) -> None:
+            if self.profiler is not None:
+                profiler, self.profiler = self.profiler, None
+                profiler.__exit__(exc_type, exc, tb)
+                self.metrics = profiler.metrics
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, exc_type, exc, tb) -> None:
+            self.close(exc_type, exc, tb)
+
+    return ProfileSteps()
+
+
 def train_summary(trainer, result) -> dict:
     """Flat ``train/*`` metrics for run.json from a finished Trainer."""
     state = trainer.state
@@ -164,6 +205,7 @@ def validate_inputs(stage: str, recipe, runs: Runs) -> None:
 
     kind, schema = STAGE_DATA[stage]
     check_tracking(recipe)
+    check_profile(recipe.profile, recipe.trainer.max_steps)
     model_parent(runs, recipe.parent)
     paths, _ = resolve_data(recipe.data, runs, kind)
     load_many(paths, schema)
@@ -220,7 +262,7 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
-        callbacks = [run_logger(run, recipe), stopper := stop_on_request()]
+        callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
         if eval_fraction > 0:
             train_rows, eval_rows = split_heldout(rows, eval_fraction, recipe.trainer.seed)
             trainer = make_trainer(parent.model_dir, Dataset.from_list(train_rows), tokenizer, callbacks,
@@ -228,10 +270,11 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
         else:
             trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, callbacks)
         check_exportable(trainer, export is not None)
-        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        with profiler:
+            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         stopper.raise_if_stopped()
         save_trained(trainer, run, tokenizer, export)
-        summary = train_summary(trainer, result)
+        summary = {**train_summary(trainer, result), **profiler.metrics}
         if summarize is not None:
             summary.update(summarize(trainer))
         if trainer.accelerator.is_main_process:

@@ -47,6 +47,7 @@ from pathlib import Path
 from trl import DPOConfig
 
 from smolforge.errors import DataError, RecipeError
+from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
 from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, lora_config, model_parent, quiet_tracking,
@@ -74,6 +75,7 @@ class Recipe:
     lora: LoraSpec | None = None      # train a LoRA adapter instead of all weights; merged into model/ at the end
     trainer: DPOConfig = field(default_factory=lambda: DPOConfig(**defaults()["trainer"]))  # any trl.DPOConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
+    profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
 
 
 def dpo_loss_types() -> list[str]:

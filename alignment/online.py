@@ -28,13 +28,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from smolforge.errors import RecipeError
+from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
 
 from smolforge.generation.prompts import load_tokenizer
 
 from .common import (check_tracking, lineage_fingerprints, model_parent, quiet_tracking, run_logger, split_heldout,
-                     train_summary, trainer_defaults)
+                     step_profiler, train_summary, trainer_defaults)
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,7 @@ class OnlineRecipe:
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
     generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
+    profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
 
 
 def online_defaults(**overrides) -> dict:
@@ -118,6 +120,7 @@ def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool, processes: int
 def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> None:
     """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
     check_tracking(recipe)
+    check_profile(recipe.profile, recipe.trainer.max_steps)
     _choose_rollouts(recipe, model_parent(runs, recipe.parent).model_dir, has_rollout_hook)
     if not 0 < recipe.heldout_fraction < 1:
         raise RecipeError(f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
@@ -191,9 +194,10 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
                                       seed=recipe.trainer.seed).start()
         try:
             rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer) if rollouts else None
-            trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards,
-                                   [run_logger(run, recipe), stopper := stop_on_request()], rollout_func)
-            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+            callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
+            trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, callbacks, rollout_func)
+            with profiler:
+                result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
             stopper.raise_if_stopped()
         finally:
             if rollouts is not None:
@@ -207,7 +211,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             return run
         write_jsonl(run.path / "rl" / "heldout.jsonl",
                     [{"before": b, "after": a} for b, a in zip(details_before, details)])
-        summary = train_summary(trainer, result)
+        summary = {**train_summary(trainer, result), **profiler.metrics}
         summary.update({"rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),
                         "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
                         "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0})

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from trl.import_utils import TRLExperimentalWarning
 
+from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
 from .common import TrackingSpec, quiet_tracking, train_from_parent, trainer_defaults
@@ -51,6 +52,7 @@ class Recipe:
     data: str = "data-demo"           # data run (its data/prefs.jsonl) or a .jsonl of preference rows
     trainer: ORPOConfig = field(default_factory=lambda: ORPOConfig(**defaults()["trainer"]))  # any ORPOConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
+    profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:

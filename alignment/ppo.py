@@ -86,6 +86,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smolforge.errors import RecipeError
+from smolforge.profiling import StepProfiler, check_profile
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
 
@@ -218,6 +219,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
 
     _check_numbers(recipe)
     check_tracking(recipe)
+    check_profile(recipe.profile, recipe.ppo.steps)
     pick_backend(recipe.generation, model_parent(runs, recipe.parent).model_dir, accepts=("vllm-server",))
     _, _, train, _ = load_prompts(recipe, runs, recipe.ppo.seed)
     probe = train[:2]
@@ -254,8 +256,9 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
         log.info("ppo: held-out reward of the parent policy %.3f on %d prompts", before, len(heldout))
         started = time.perf_counter()
-        with _rollouts(backend, parent.model_dir, run, spec) as rollouts, open_tracker(run, recipe, main) as tracker:
-            history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts, tracker)
+        with (_rollouts(backend, parent.model_dir, run, spec) as rollouts, open_tracker(run, recipe, main) as tracker,
+              StepProfiler(recipe.profile, run.path, accelerator.process_index, main=main) as profiler):
+            history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts, tracker, profiler)
         seconds = time.perf_counter() - started
         after, details_after = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
         log.info("ppo: held-out reward %.3f -> %.3f", before, after)
@@ -271,15 +274,16 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                 "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
                 "train/steps": spec.steps, "train/seconds": round(seconds, 1),
                 "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0,
-                **_last_steps(history), "rl/kl_coef": kl_coef,
+                **_last_steps(history), "rl/kl_coef": kl_coef, **profiler.metrics,
             })
     accelerator.wait_for_everyone()
     return run if main else runs.get(recipe.name, require_done=False)
 
 
 def _train(models, recipe: Recipe, run, train: list[dict], reward_fns: list, rollouts,
-           tracker=None) -> tuple[list[dict], float]:
-    """The PPO iterations on shuffled batches of ``train``: each step's metrics (logged as they come), final β."""
+           tracker=None, profiler: StepProfiler | None = None) -> tuple[list[dict], float]:
+    """The PPO iterations on shuffled batches of ``train``: each step's metrics (logged as they come), final β;
+    ``profiler.step()`` after each."""
     import torch
 
     from .ppo_math import KLController
@@ -300,6 +304,8 @@ def _train(models, recipe: Recipe, run, train: list[dict], reward_fns: list, rol
             raise RuntimeError(f"ppo step {number}: non-finite loss or KL ({metrics}); lower ppo.learning_rate")
         log.info("ppo step %d/%d: reward %.3f kl %.3f clipfrac %.3f", number, spec.steps, metrics["reward"],
                  metrics["kl"], metrics["clipfrac"])
+        if profiler is not None:
+            profiler.step()
     return history, kl_ctl.value
 
 

@@ -25,10 +25,12 @@ from dataclasses import dataclass, field
 from trl import RewardConfig
 
 from smolforge.errors import DataError, RecipeError
+from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.runs import Run, Runs
 
 from .common import (LoraSpec, TrackingSpec, check_lora, check_tracking, lineage_fingerprints, load_tokenizer,
-                     lora_config, model_parent, quiet_tracking, run_logger, train_summary, trainer_defaults)
+                     lora_config, model_parent, quiet_tracking, run_logger, step_profiler, train_summary,
+                     trainer_defaults)
 
 
 def defaults() -> dict:
@@ -49,6 +51,7 @@ class Recipe:
     lora: LoraSpec | None = None      # LoRA adapters (the score head trains fully); merged into model/ at the end
     trainer: RewardConfig = field(default_factory=lambda: RewardConfig(**defaults()["trainer"]))  # any trl.RewardConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
+    profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
 
 
 def split_pairs(rows: list[dict], eval_fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -103,6 +106,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         raise RecipeError(f"trainer.max_length={recipe.trainer.max_length} leaves no room for a prompt and answer")
     check_lora(recipe.lora)
     check_tracking(recipe)
+    check_profile(recipe.profile, recipe.trainer.max_steps)
     model_parent(runs, recipe.parent)
     _pairs(recipe, runs)
 
@@ -143,7 +147,9 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         trainer = RewardTrainer(model=str(parent.model_dir), args=recipe.trainer,
                                 train_dataset=Dataset.from_list(_columns(train_rows)),
                                 eval_dataset=Dataset.from_list(_columns(held)),
-                                processing_class=tokenizer, callbacks=[run_logger(run, recipe), stopper := stop_on_request()],
+                                processing_class=tokenizer,
+                                callbacks=[run_logger(run, recipe), stopper := stop_on_request(),
+                                           profiler := step_profiler(run, recipe)],
                                 peft_config=lora_config(recipe.lora, "SEQ_CLS") if recipe.lora else None)
         check_exportable(trainer, recipe.lora is not None)
         kept = len(trainer.train_dataset)
@@ -152,7 +158,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                             "tokens (RewardTrainer drops those); raise trainer.max_length")
         with full_weights(trainer.model):
             before = heldout_scores(trainer.model, tokenizer, held)
-        result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
+        with profiler:
+            result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         stopper.raise_if_stopped()
         trl_eval = trainer.evaluate()
         model = trainer.accelerator.unwrap_model(trainer.model)
@@ -164,7 +171,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         save_trained(trainer, run, tokenizer, export=lambda trainer, run: model)
         if not trainer.accelerator.is_main_process:
             return run
-        summary = train_summary(trainer, result)
+        summary = {**train_summary(trainer, result), **profiler.metrics}
         summary.update({"reward/heldout_accuracy": after["accuracy"], "reward/heldout_margin": after["margin"],
                         "reward/heldout_accuracy_before": before["accuracy"], "reward/heldout_pairs": len(held),
                         "train/pairs": len(train_rows), "train/pairs_too_long": len(train_rows) - kept})

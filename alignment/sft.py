@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from trl import SFTConfig
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
 from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, lora_config, quiet_tracking, train_from_parent,
@@ -65,6 +66,7 @@ class Recipe:
     lora: LoraSpec | None = None      # PEFT LoRA adapters, merged into model/ at the end
     trainer: SFTConfig = field(default_factory=lambda: SFTConfig(**defaults()["trainer"]))  # any trl.SFTConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
+    profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
 
 
 def pretraining_lr(runs: Runs, ref: str) -> float | None:

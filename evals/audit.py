@@ -83,13 +83,14 @@ class _Series:
 
 def audit(runs: Runs, run_names: list[str], suite: str = "embedded", tasks: list[str] | None = None,
           limit: int | None = None, *, batch_size: int = 32, device: str = "auto",
-          thresholds: Thresholds | None = None, refresh: bool = False) -> dict[str, Any]:
+          thresholds: Thresholds | None = None, refresh: bool = False, final_only: bool = False) -> dict[str, Any]:
     """Score every checkpoint of ``run_names`` on ``suite`` and return :func:`summarize`'s result.
 
     Each (run, step) is scored once per suite and ``limit`` and cached in
     ``<run>/eval/audit/<step>.json`` (``refresh`` re-scores). The result adds ``sources``
     (which folder each step was scored from), ``evaluated`` and ``cached`` (counts of (run, step)
-    points) and ``seconds``. Raises RunError for an unknown run (with close matches), a run
+    points) and ``seconds``. ``final_only`` scores each run's final model/ alone (an ablation's
+    variants: their scores, no series to judge). Raises RunError for an unknown run (with close matches), a run
     given twice, or a run with no checkpoint to score; RecipeError for an unknown task.
 
     >>> import tempfile
@@ -104,7 +105,7 @@ def audit(runs: Runs, run_names: list[str], suite: str = "embedded", tasks: list
     the_suite = load_suite(suite)
     request = _Request(the_suite, _selected_tasks(the_suite, tasks), limit, batch_size, device)
     notes: list[str] = []
-    all_series = [_series(run, request.cache_key, refresh, notes) for run in targets]
+    all_series = [_series(run, request.cache_key, refresh, notes, final_only) for run in targets]
     evaluated = _score_missing(all_series, request, notes)
     scores, sources = _primary_scores(all_series, request, notes)
 
@@ -139,13 +140,18 @@ def _selected_tasks(suite: Suite, tasks: list[str] | None) -> list[str]:
     return list(dict.fromkeys(tasks)) if tasks else sorted(suite.tasks)
 
 
-def _series(run: Run, key: str, refresh: bool, notes: list[str]) -> _Series:
-    """The steps of ``run`` to audit: its usable checkpoints and the steps only its cache still has."""
+def _series(run: Run, key: str, refresh: bool, notes: list[str], final_only: bool = False) -> _Series:
+    """The steps of ``run`` to audit: its usable checkpoints and the steps only its cache still has
+    (``final_only``: its final model/ alone)."""
     points = _usable_points(run, notes)
     cached = {} if refresh else cached_steps(run, key)
+    final = [s for s, p in points.items() if p.kind == "model"]
+    if final_only:
+        if not final:
+            raise RunError(f"run '{run.name}' has no final model/ at a known step (train/steps in run.json) to score")
+        return _Series(run, {final[0]: points[final[0]]}, {s: e for s, e in cached.items() if s == final[0]})
     steps: dict[int, Checkpoint | None] = {s: None for s in cached}
     steps.update(points)
-    final = [s for s, p in points.items() if p.kind == "model"]
     if not final and (run.model_dir / "config.json").is_file():
         notes.append(f"run {run.name}: its final model/ is left out (run.json has no train/steps to place it)")
     if not [s for s in steps if s not in final]:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smolforge.errors import Preempted, RecipeError, RunError
+from smolforge.profiling import ProfileSpec, StepProfiler, check_profile
 from smolforge.recipe import build, to_dict
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
@@ -108,6 +109,7 @@ class Recipe:
     checkpoint: CheckpointSpec = field(default_factory=CheckpointSpec)
     spike: SpikeSpec = field(default_factory=SpikeSpec)
     tracking: TrackingSpec = field(default_factory=TrackingSpec)
+    profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
 
 
 def phases_of(recipe: Recipe, domain_sizes: dict[str, int]) -> list[Phase]:
@@ -177,6 +179,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     for ok, message in checks:
         if not ok:
             raise RecipeError(message)
+    check_profile(recipe.profile, t.max_steps)
     domains = _domains_in(data_run)
     problems = validate_phases(phases_of(recipe, {d: 1 for d in domains}), domains)
     if problems:
@@ -367,31 +370,33 @@ class Loop:
         started = time.perf_counter()
         try:
             self.engine.train()
-            for step in range(start + 1, t.max_steps + 1):
-                torch.manual_seed(t.seed * 100_003 + step * 101 + self.rank)  # resume-exact dropout
-                loss, skipped, reason = self.step(step)
-                grad_norm = None if skipped else self.last_grad_norm()
-                if reason is None and self.recipe.spike.action != "off":
-                    reason = self.guard.check(grad_norm=grad_norm)
-                if reason:
-                    self.on_spike(step, reason)
-                    self.check_not_diverged(step, reason, loss)
-                else:
-                    self.guard.observe(loss=loss, grad_norm=grad_norm)
-                    self.spikes_in_a_row = 0
-                window.append(loss)
-                self.monitor.add_tokens(self.tokens_per_step)
-                bar.update(1)
-                if step % t.log_every == 0 or step == t.max_steps:
-                    self.log(step, window, grad_norm)
-                    bar.set_postfix(loss=f"{sum(window) / len(window):.3f}")
-                    window = []
-                if self.checkpoint_due(step):
-                    self.save_checkpoint(step)
-                if step < t.max_steps and self.stop_asked():
-                    self.stop(step)
+            with StepProfiler(self.recipe.profile, self.run.path, self.rank, done=start) as profiler:
+                for step in range(start + 1, t.max_steps + 1):
+                    torch.manual_seed(t.seed * 100_003 + step * 101 + self.rank)  # resume-exact dropout
+                    loss, skipped, reason = self.step(step)
+                    grad_norm = None if skipped else self.last_grad_norm()
+                    if reason is None and self.recipe.spike.action != "off":
+                        reason = self.guard.check(grad_norm=grad_norm)
+                    if reason:
+                        self.on_spike(step, reason)
+                        self.check_not_diverged(step, reason, loss)
+                    else:
+                        self.guard.observe(loss=loss, grad_norm=grad_norm)
+                        self.spikes_in_a_row = 0
+                    window.append(loss)
+                    self.monitor.add_tokens(self.tokens_per_step)
+                    bar.update(1)
+                    if step % t.log_every == 0 or step == t.max_steps:
+                        self.log(step, window, grad_norm)
+                        bar.set_postfix(loss=f"{sum(window) / len(window):.3f}")
+                        window = []
+                    if self.checkpoint_due(step):
+                        self.save_checkpoint(step)
+                    if step < t.max_steps and self.stop_asked():
+                        self.stop(step)
+                    profiler.step()
             bar.close()
-            self.finish(time.perf_counter() - started, start)
+            self.finish(time.perf_counter() - started, start, profiler.metrics)
         finally:
             if self.tracker is not None:
                 self.tracker.close()
@@ -532,7 +537,7 @@ class Loop:
             self.run.log(step, **values)
             self.tracker.log(step, values)
 
-    def finish(self, seconds: float, start: int) -> None:
+    def finish(self, seconds: float, start: int, profiled: dict) -> None:
         import deepspeed
 
         if self.zero_stage == 3:  # parameters are partitioned: gather them to save one model
@@ -556,4 +561,4 @@ class Loop:
                    "train/zero_stage": self.zero_stage, "train/processes": self.world}
         for phase, mix in self.sampler.realised_mix().items():
             metrics.update({f"train/mix/phase{phase}/{d}": share for d, share in mix.items()})
-        self.run.finish(metrics=metrics)
+        self.run.finish(metrics={**metrics, **profiled})

@@ -98,7 +98,7 @@ def _global_arguments(parser: argparse.ArgumentParser) -> None:
                         "before or after the command")
     parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of a table "
-                        "(pipeline, runs, lineage, data, plan, compare, eval audit, lr-find, doctor, burnin)")
+                        "(pipeline, runs, lineage, data, plan, compare, eval audit, lr-find, doctor, burnin, ablate)")
     parser.add_argument("--local_rank", "--local-rank", type=int, metavar="N",
                         help="this process's index on its node, as the deepspeed launcher passes it "
                         "(becomes $LOCAL_RANK when unset)")

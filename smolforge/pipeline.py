@@ -16,6 +16,7 @@ A pipeline file::
     eval: eval.yaml               # optional: run after every model step (pretrain/sft/dpo/…);
                                   #   a list ([eval.yaml, redteam.yaml]) runs each in turn
     launch: {processes: 8, launcher: torchrun}   # optional: how every training step starts
+    share_process: false          # optional: consecutive one-rank model steps share one process
 
 Any step may say how it starts (``launch:``, next to ``recipe``/``set``, or a key of an inline
 step): ``processes`` ranks on this machine through ``launcher`` (``torchrun``, ``deepspeed`` or
@@ -34,7 +35,9 @@ that step's own process, after it (:mod:`smolforge.step_batch`: the same command
 imports paid once), unless the step starts several ranks (``launch:``), is an online-RL stage
 (whose process may hold an in-process vLLM engine: its evals then share a process of their own),
 or has no ``name`` to evaluate; an eval that asks for an in-process vLLM engine or a parity
-backend always gets a process of its own.
+backend always gets a process of its own. With ``share_process: true`` consecutive model steps that
+could carry their evals (and have no gates) run in one process as well, one after the other: an
+ablation's many short runs of one stage pay the imports once (``smolforge ablate`` sets it).
 
 Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
 step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
@@ -81,7 +84,7 @@ from smolforge.table import print_table
 
 __all__ = ["Step", "Pipeline", "load_pipeline", "run_pipeline", "summary", "score_columns"]
 
-PIPELINE_KEYS = ("pipeline", "eval", "launch")
+PIPELINE_KEYS = ("pipeline", "eval", "launch", "share_process")
 REPORTED_ERROR = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_.]*(Error|Exception|Interrupt): ")
 STEP_KEYS = ("recipe", "set", "gates", "launch")
 
@@ -111,6 +114,7 @@ class Pipeline:
     path: Path
     steps: list[Step]
     evals: list[dict] = dataclasses.field(default_factory=list)
+    share_process: bool = False    # consecutive one-rank model steps run in one process
 
     @property
     def eval(self) -> dict | None:
@@ -275,7 +279,10 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
             )
         if step.name is not None:
             seen[step.name] = step.label
-    return Pipeline(path, steps, eval_recipes)
+    share = data.get("share_process", False)
+    if not isinstance(share, bool):
+        raise RecipeError(f"{source}: share_process must be true or false, got {share!r}")
+    return Pipeline(path, steps, eval_recipes, share_process=share)
 
 
 # --------------------------------------------------------------------------- running
@@ -361,23 +368,43 @@ def carries_its_evals(step: Step) -> bool:
             and step.name is not None)
 
 
-def _next_group(queue: list[Step], pipeline: Pipeline) -> tuple[list[Step], bool]:
-    """Take the steps that run next in one process off ``queue``; whether a model step carries its
-    evals (queued here, with the model step's gates on the last one)."""
+def _next_group(queue: list[Step], pipeline: Pipeline) -> tuple[list[Step], list[Step]]:
+    """Take the steps that run next in one process off ``queue``; and the model steps among them that
+    carry their evals (queued here, with the model step's gates on the last one)."""
     group = [queue.pop(0)]
     first = group[0]
     if pipeline.evals and carries_its_evals(first):
-        follows = pipeline.eval_steps(first, first.name)
-        follows[-1].gates, follows[-1].gates_of = first.gates, first
-        carried = 0
-        while carried < len(follows) and shares_a_process(follows[carried]):
-            carried += 1
-        group += follows[:carried]
-        queue[:0] = follows[carried:]
-        return group, True
+        carrying = [first]
+        group += _carried_evals(first, queue, pipeline)
+        while pipeline.share_process and not first.gates and queue and _joins(queue[0]):
+            step = queue.pop(0)
+            carrying.append(step)
+            group += [step, *_carried_evals(step, queue, pipeline)]
+        return group, carrying
+    if pipeline.share_process and _joins(first):
+        while queue and _joins(queue[0]):
+            group.append(queue.pop(0))
+        return group, []
     while shares_a_process(group[0]) and queue and shares_a_process(queue[0]):
         group.append(queue.pop(0))
-    return group, False
+    return group, []
+
+
+def _joins(step: Step) -> bool:
+    """Whether model ``step`` may join the process of the model steps before it (``share_process``):
+    one that carries its evals and has no gates (a failing gate must stop the steps after it)."""
+    return carries_its_evals(step) and not step.gates
+
+
+def _carried_evals(step: Step, queue: list[Step], pipeline: Pipeline) -> list[Step]:
+    """The evals of model ``step`` that run in its process; the rest go to the front of ``queue``."""
+    follows = pipeline.eval_steps(step, step.name)
+    follows[-1].gates, follows[-1].gates_of = step.gates, step
+    carried = 0
+    while carried < len(follows) and shares_a_process(follows[carried]):
+        carried += 1
+    queue[:0] = follows[carried:]
+    return follows[:carried]
 
 
 def _run_steps_together(steps: list[Step], n: int, root: Path, tmp: Path, *, overwrite: bool, debug: bool,
@@ -424,9 +451,8 @@ def run_pipeline(
         carrying: set[int] = set()      # model steps whose evals are already queued (they share its process)
         while queue or ready:
             if not ready:   # the next step (with its evals), or the next evals of one model together
-                group, carries = _next_group(queue, pipeline)
-                if carries:
-                    carrying.add(id(group[0]))
+                group, carried = _next_group(queue, pipeline)
+                carrying.update(id(step) for step in carried)
                 options = dict(overwrite=overwrite, debug=debug, quiet_stdout=as_json)
                 results = (_run_steps_together(group, n + 1, root, Path(tmpdir), **options) if len(group) > 1
                            else [_run_step(group[0], n + 1, root, Path(tmpdir), **options)])

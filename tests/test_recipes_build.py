@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from smolforge.evals.ablate import load_ablation
 from smolforge.pipeline import load_pipeline
 from smolforge.recipe import build_stage_recipe, load_yaml, load_recipe
 from smolforge.registry import load_stage
@@ -17,6 +18,11 @@ RECIPES = sorted(p for p in (REPO / "recipes").rglob("*.yaml"))
 def test_recipe_builds(path: Path):
     if "pipeline" in load_yaml(path):
         assert load_pipeline(path).steps
+        return
+    if "ablation" in load_yaml(path):   # an ablation file: every run it plans builds
+        ablation = load_ablation(path)
+        module = load_stage(ablation.stage)
+        assert all(build_stage_recipe(module, p.recipe, source=f"{path} {p.name}") for p in ablation.plan())
         return
     stage, data = load_recipe(path)
     recipe = build_stage_recipe(load_stage(stage), data, source=str(path))
