@@ -32,10 +32,11 @@ annealing runs); it sets the pretraining recipe's ``init:``.
 
 **Running.** The runs are steps of one generated pipeline (:mod:`smolforge.pipeline`, with
 ``share_process: true``: consecutive one-rank runs share a process and pay the imports once).
-A run that is already done with the very recipe planned is reused, so an interrupted ablation
-continues where it stopped; a done run of that name with another recipe is an error unless
-``--overwrite``. ``--write-pipeline FILE`` writes the pipeline instead of running it, for
-``smolforge launch pipeline --config FILE`` on Slurm; ``--analyze`` afterwards scores what ran.
+A run that is already done with the very recipe planned, and trained after its parents (data
+run, main run) were made, is reused, so an interrupted ablation continues where it stopped; a done
+run of that name with another recipe, or older than a parent, is an error unless ``--overwrite``.
+``--write-pipeline FILE`` writes the pipeline instead of running it, for ``smolforge launch
+pipeline --config FILE`` on Slurm; ``--analyze`` afterwards scores what ran.
 
 **Scoring and the audit.** The baseline's seed runs are audited first
 (:func:`~smolforge.evals.audit.audit`: every checkpoint scored, each task checked for monotonicity,
@@ -251,18 +252,35 @@ def _check_runs(ablation: Ablation, runs: Runs, overwrite: bool) -> tuple[list[P
         if ablation.stage == "pretrain":
             _check_checkpoints(recipe, where)
         existing = runs.root / planned.name / "run.json"
-        if existing.is_file() and not overwrite:
+        if existing.is_file():
             run = runs.get(planned.name, require_done=False)
             same = json.loads(json.dumps(to_dict(recipe), default=str)) == run.info.get("recipe")
-            if run.status == "done" and same:
+            newer = _newer_parents(run, runs)
+            if run.status == "done" and same and not newer:
                 reused.append(planned.name)
                 continue
-            if run.status == "done":
-                raise RunError(f"run '{planned.name}' is done with another recipe than {ablation.source} plans; "
-                               "pass --overwrite to train it again, or rename the ablation")
+            if run.status == "done" and not overwrite:
+                why = (f"was trained before its parent {', '.join(newer)} was made again" if same and newer
+                       else f"is done with another recipe than {ablation.source} plans")
+                raise RunError(f"run '{planned.name}' {why}; pass --overwrite to train it again, "
+                               "or rename the ablation")
         module.validate(recipe, runs)
         todo.append(planned)
     return todo, reused
+
+
+def _newer_parents(run: Any, runs: Runs) -> list[str]:
+    """The parents of ``run`` (its data run, an annealed main run) that finished after it started:
+    made again since, so ``run`` no longer follows from them."""
+    newer = []
+    for name in run.parents:
+        try:
+            parent = runs.get(name, require_done=False)
+        except RunError:
+            continue
+        if str(parent.info.get("ended_at") or "") > str(run.info.get("started_at") or ""):
+            newer.append(parent.name)
+    return newer
 
 
 def _check_checkpoints(recipe: Any, where: str) -> None:

@@ -161,3 +161,36 @@ def test_a_tiny_ablation_trains_audits_scores_and_judges(tmp_path, runs, data_ru
     assert "4 already done, 0 to train" in capsys.readouterr().out
     again = json.loads((runs.root / "ablate-t" / "ablation.json").read_text())
     assert again["rows"] == result["rows"]
+
+
+def test_done_runs_with_the_planned_recipe_are_reused_and_others_need_overwrite(tmp_path, data_run):
+    from smolforge.errors import RunError
+    from smolforge.evals.ablate import _check_runs
+    from smolforge.recipe import build_stage_recipe
+    from smolforge.registry import load_stage
+    from smolforge.runs import Runs
+
+    runs = Runs(tmp_path / "runs")
+    (runs.root / data_run.name).parent.mkdir(parents=True)
+    (runs.root / data_run.name).symlink_to(data_run.path)
+    ablation = load_ablation(_ablation(tmp_path))
+    same, other = ablation.plan()[:2]
+    with runs.start("pretrain", same.name, build_stage_recipe(load_stage("pretrain"), same.recipe, "t")):
+        pass
+    with runs.start("pretrain", other.name, {"train": {"seed": 99}}):
+        pass
+    with pytest.raises(RunError, match=f"run '{other.name}' is done with another recipe .* pass --overwrite"):
+        _check_runs(ablation, runs, overwrite=False)
+    todo, reused = _check_runs(ablation, runs, overwrite=True)
+    assert reused == [same.name] and [p.name for p in todo] == [p.name for p in ablation.plan()[1:]]
+    # a parent made again after the run started: the run no longer follows from it
+    import shutil
+
+    shutil.rmtree(runs.root / other.name)
+    info = json.loads((runs.root / same.name / "run.json").read_text())
+    (runs.root / "data-later").mkdir()
+    (runs.root / "data-later" / "run.json").write_text(json.dumps(
+        {"name": "data-later", "stage": "data", "status": "done", "ended_at": "2999-01-01T00:00:00.000+00:00"}))
+    (runs.root / same.name / "run.json").write_text(json.dumps({**info, "parents": [*info["parents"], "data-later"]}))
+    with pytest.raises(RunError, match=f"run '{same.name}' was trained before its parent data-later was made again"):
+        _check_runs(ablation, runs, overwrite=False)

@@ -92,7 +92,7 @@ def test_a_misbehaving_run_fires_the_gradient_norm_alert(runs, prometheus, spiky
     assert fired[0]["metric"]["run"] == "pretrain-alerted" and fired[0]["metric"]["severity"] == "warning"
     first = min(float(t) for series in fired for t, _ in series["values"])
     assert fault - 0.5 <= first <= fault + 5      # fired within seconds of the first noise batch
-    print(f"\nSmolforgeGradNormJump fired {first - fault:.2f} s after the fault (step 31)")
+    print(f"\nSmolforgeGradNormJump fired {first - fault:.2f} s after the fault (step 31); labels {fired[0]['metric']}")
     calm = query(url, 'ALERTS{alertname="SmolforgeGradNormJump"}', began, fault - 1.0)
     assert calm == []                              # nothing before the fault
     dashboard = json.loads(dashboard_path().read_text())
