@@ -20,6 +20,7 @@ An ablation file::
         values: {math-heavy: [{until: 1.0, weights: {facts: 0.4, math: 0.6}}]}
     mode: scratch                      # scratch | anneal
     from: pretrain-demo                # anneal: the main run whose model every run continues
+    from_step: 300                     # anneal, optional: its DeepSpeed checkpoint at this step instead
     suite: embedded                    # the eval suite; tasks: a subset of it; limit: examples per task
     tasks: [facts, arith]
     limit: null
@@ -28,7 +29,10 @@ An ablation file::
 **Modes.** ``scratch`` trains every run from the recipe's initialisation. ``anneal`` continues the
 model of a main run (``from:``, a pretraining run) for the recipe's fixed budget of steps with each
 variant's change, typically a new data mixture with the LR decayed to zero (the playbook's
-annealing runs); it sets the pretraining recipe's ``init:``.
+annealing runs); it sets the pretraining recipe's ``init:``. With ``from_step: N`` the runs start
+from the main run's checkpoint at step N instead of its final model (the playbook branches before
+the main run's decay): the checkpoint is exported once as the run ``<from>-step<N>`` (stage
+pretrain, parent: the main run) and every run continues that.
 
 **Running.** The runs are steps of one generated pipeline (:mod:`smolforge.pipeline`, with
 ``share_process: true``: consecutive one-rank runs share a process and pay the imports once).
@@ -67,7 +71,6 @@ from __future__ import annotations
 import argparse
 import copy
 import dataclasses
-import difflib
 import json
 import re
 import sys
@@ -78,15 +81,15 @@ from typing import Any, TextIO
 import yaml
 
 from smolforge.errors import RecipeError, RunError
-from smolforge.recipe import apply_overrides, load_yaml, set_path
+from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
 from smolforge.registry import MODEL_STAGES, stages
 from smolforge.runs import Runs
 
 __all__ = ["Variant", "PlannedRun", "Ablation", "load_ablation", "run_ablation", "analyze", "command",
            "add_arguments", "ABLATION_KEYS", "MODES", "RESULT_STAGE"]
 
-ABLATION_KEYS = ("ablation", "recipe", "set", "seeds", "seed_key", "variants", "mode", "from", "suite", "tasks",
-                 "limit", "launch")
+ABLATION_KEYS = ("ablation", "recipe", "set", "seeds", "seed_key", "variants", "mode", "from", "from_step", "suite",
+                 "tasks", "limit", "launch")
 MODES = ("scratch", "anneal")
 RESULT_STAGE = "ablate"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -129,6 +132,14 @@ class Ablation:
     tasks: list[str] | None = None
     limit: int | None = None
     launch: dict | None = None
+    from_step: int | None = None    # anneal: start from this checkpoint of the main run
+
+    @property
+    def init_run(self) -> str | None:
+        """The run every anneal continues: the main run, or its exported checkpoint's run."""
+        if self.start_from and self.from_step:
+            return f"{self.start_from}-step{self.from_step}"
+        return self.start_from
 
     @property
     def result_name(self) -> str:
@@ -143,7 +154,7 @@ class Ablation:
                 name = f"{self.name}-{variant.slug}-s{seed}"
                 recipe["name"] = name
                 if self.mode == "anneal":
-                    recipe["init"] = self.start_from
+                    recipe["init"] = self.init_run
                 if variant.key is not None:
                     set_path(recipe, variant.key, copy.deepcopy(variant.value), f"{self.source}: variants")
                 set_path(recipe, self.seed_key, seed, f"{self.source}: seed_key")
@@ -161,11 +172,7 @@ def load_ablation(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> A
     path = Path(path)
     source = str(path)
     data = apply_overrides(load_yaml(path), sets, source)
-    for key in data:
-        if key not in ABLATION_KEYS:
-            close = difflib.get_close_matches(str(key), ABLATION_KEYS, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(ABLATION_KEYS)}"
-            raise RecipeError(f"{source}: unknown key '{key}' ({hint})")
+    check_keys(data, ABLATION_KEYS, source)
     name = data.get("ablation")
     if not isinstance(name, str) or not _NAME.match(name):
         raise RecipeError(f"{source}: 'ablation' must name the ablation (letters, digits, '-', '_', '.'), got {name!r}")
@@ -196,8 +203,11 @@ def load_ablation(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> A
             raise RecipeError(f"{source}: mode anneal continues a pretraining run; the recipe's stage is {stage}")
         if not start_from:
             raise RecipeError(f"{source}: mode anneal needs 'from: <main run>' (the model every run continues)")
-    elif start_from is not None:
-        raise RecipeError(f"{source}: 'from' is for mode anneal (this ablation's mode is {mode})")
+    elif start_from is not None or data.get("from_step") is not None:
+        raise RecipeError(f"{source}: 'from' and 'from_step' are for mode anneal (this ablation's mode is {mode})")
+    from_step = data.get("from_step")
+    if from_step is not None and (not isinstance(from_step, int) or isinstance(from_step, bool) or from_step < 1):
+        raise RecipeError(f"{source}: 'from_step' must be a checkpoint's step (a positive integer), got {from_step!r}")
     tasks = data.get("tasks")
     if tasks is not None and (not isinstance(tasks, list) or not all(isinstance(t, str) for t in tasks)):
         raise RecipeError(f"{source}: 'tasks' must be a list of task names, got {tasks!r}")
@@ -206,7 +216,7 @@ def load_ablation(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> A
         raise RecipeError(f"{source}: 'limit' must be a positive integer or null, got {limit!r}")
     variants = [Variant("baseline", "baseline")] + _variants(data.get("variants"), source)
     return Ablation(name, path, stage, baseline, seeds, seed_key, variants, mode, start_from,
-                    str(data.get("suite") or "embedded"), tasks, limit, data.get("launch"))
+                    str(data.get("suite") or "embedded"), tasks, limit, data.get("launch"), from_step)
 
 
 def _variants(items: Any, source: str) -> list[Variant]:
@@ -238,6 +248,31 @@ def _variants(items: Any, source: str) -> list[Variant]:
 
 
 # --------------------------------------------------------------------------- running
+def branch_point(ablation: Ablation, runs: Runs) -> str | None:
+    """Make sure the run every anneal continues exists: with ``from_step``, export the main run's
+    DeepSpeed checkpoint at that step as the run ``<from>-step<N>`` (once; again when the main run
+    was made again since). Returns its name (None for a from-scratch ablation)."""
+    if not ablation.from_step:
+        return ablation.init_run
+    from .audit_checkpoints import export_checkpoint, find_checkpoints
+
+    main, name = runs.get(ablation.start_from), ablation.init_run
+    if (runs.root / name / "run.json").is_file():
+        existing = runs.get(name, require_done=False)
+        if existing.status == "done" and not _newer_parents(existing, runs):
+            return name
+    points = {p.step: p for p in find_checkpoints(main) if p.kind == "deepspeed"}
+    if ablation.from_step not in points:
+        raise RunError(f"run '{main.name}' has no DeepSpeed checkpoint at step {ablation.from_step} "
+                       f"(it keeps: {', '.join(map(str, sorted(points))) or 'none'}); set from_step to one of them, "
+                       "or train the main run with checkpoint.keep high enough")
+    with runs.start(main.stage, name, main.info.get("recipe") or {}, parents=[main],
+                    data_fingerprints=main.info.get("data_fingerprints"), overwrite=True) as run:
+        export_checkpoint(points[ablation.from_step].path, main.model_dir, run.model_dir)
+        run.finish(metrics={"train/steps": ablation.from_step})
+    return name
+
+
 def _check_runs(ablation: Ablation, runs: Runs, overwrite: bool) -> tuple[list[PlannedRun], list[str]]:
     """Build and validate every planned recipe before anything trains; return the runs still to train
     and the names of those reused (done, with the same recipe)."""
@@ -309,6 +344,7 @@ def run_ablation(ablation: Ablation, runs: Runs, *, overwrite: bool = False, deb
     from smolforge.pipeline import load_pipeline, run_pipeline
 
     out = out or sys.stdout
+    branch_point(ablation, runs)
     todo, reused = _check_runs(ablation, runs, overwrite)
     total = len(todo) + len(reused)
     print(f"ablation {ablation.name}: {total} runs ({len(ablation.variants)} arms x {len(ablation.seeds)} seeds), "
@@ -393,6 +429,7 @@ def command(args: argparse.Namespace, extras: list[str], ctx) -> int:
     runs = ctx.runs
     out = sys.stderr if ctx.json else sys.stdout
     if args.write_pipeline:
+        branch_point(ablation, runs)
         todo, reused = _check_runs(ablation, runs, args.overwrite)
         target = Path(args.write_pipeline)
         target.write_text(yaml.safe_dump(pipeline_file(ablation, todo), sort_keys=False), encoding="utf-8")

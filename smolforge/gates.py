@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.recipe import check_keys
 from smolforge.runs import Run, Runs
 
 __all__ = ["GATE_KEYS", "Gate", "GateResult", "parse_gates", "check_gates", "failures"]
@@ -124,11 +125,7 @@ def _parse_one(spec: Any, where: str) -> Gate:
             f"{where} must be a mapping like {{metric: task/metric, against: parent, max_drop: 0.01}}, "
             f"got {spec!r}"
         )
-    for key in spec:
-        if key not in GATE_KEYS:
-            close = difflib.get_close_matches(str(key), GATE_KEYS, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"a gate takes: {', '.join(GATE_KEYS)}"
-            raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
+    check_keys(spec, GATE_KEYS, where, f"a gate takes: {', '.join(GATE_KEYS)}")
     metric = spec.get("metric")
     if not isinstance(metric, str) or not metric.strip():
         raise RecipeError(f"{where}: 'metric' must name a run.json metric, e.g. instruct/exact_match")

@@ -35,9 +35,11 @@ that step's own process, after it (:mod:`smolforge.step_batch`: the same command
 imports paid once), unless the step starts several ranks (``launch:``), is an online-RL stage
 (whose process may hold an in-process vLLM engine: its evals then share a process of their own),
 or has no ``name`` to evaluate; an eval that asks for an in-process vLLM engine or a parity
-backend always gets a process of its own. With ``share_process: true`` consecutive model steps that
-could carry their evals (and have no gates) run in one process as well, one after the other: an
-ablation's many short runs of one stage pay the imports once (``smolforge ablate`` sets it).
+backend always gets a process of its own. With ``share_process: true`` consecutive steps that are
+data steps or model steps that could carry their evals, none with gates, run in one process as
+well, one after the other (their evals after each): an ablation's many short runs of one stage, or
+the demo's data, pretraining, long-context and SFT steps, pay the imports once (``smolforge
+ablate`` sets it).
 
 Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
 step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
@@ -59,7 +61,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 import json
 import os
 import re
@@ -74,7 +75,7 @@ import yaml
 from smolforge.errors import RecipeError, RunError
 from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
 from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command
-from smolforge.recipe import apply_overrides, load_yaml, set_path
+from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
 from smolforge.processes import exit_text, run_showing_output
 from smolforge.registry import EVAL_STAGE, MODEL_STAGES, commands, stages, unknown_stage_message
 
@@ -164,11 +165,7 @@ def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
         recipe = load_yaml(path)
         return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path))
     if isinstance(item, dict) and "recipe" in item:
-        for key in item:
-            if key not in STEP_KEYS:
-                close = difflib.get_close_matches(str(key), STEP_KEYS, n=1)
-                hint = f"did you mean '{close[0]}'?" if close else "a step with 'recipe' takes: recipe, set, gates, launch"
-                raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
+        check_keys(item, STEP_KEYS, where, "a step with 'recipe' takes: recipe, set, gates, launch")
         path = base / str(item["recipe"])
         recipe = load_yaml(path)
         sets = item.get("set") or {}
@@ -235,11 +232,7 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
     if "stage" in data and "pipeline" not in data:
         raise RecipeError(f"{source}: this is a stage recipe; run it with: "
                           f"smolforge {data['stage']} --config {source}")
-    for key in data:
-        if key not in PIPELINE_KEYS:
-            close = difflib.get_close_matches(str(key), PIPELINE_KEYS, n=1)
-            hint = f"did you mean '{close[0]}'?" if close else f"valid keys: {', '.join(PIPELINE_KEYS)}"
-            raise RecipeError(f"{source}: unknown key '{key}' ({hint})")
+    check_keys(data, PIPELINE_KEYS, source)
     items = data.get("pipeline")
     if not isinstance(items, list) or not items:
         if "stage" in data:
@@ -371,29 +364,31 @@ def carries_its_evals(step: Step) -> bool:
 def _next_group(queue: list[Step], pipeline: Pipeline) -> tuple[list[Step], list[Step]]:
     """Take the steps that run next in one process off ``queue``; and the model steps among them that
     carry their evals (queued here, with the model step's gates on the last one)."""
-    group = [queue.pop(0)]
-    first = group[0]
+    first = queue.pop(0)
+    group, carrying = [first], []
+    joining = pipeline.share_process and _joins(first)
     if pipeline.evals and carries_its_evals(first):
-        carrying = [first]
+        carrying.append(first)
         group += _carried_evals(first, queue, pipeline)
-        while pipeline.share_process and not first.gates and queue and _joins(queue[0]):
-            step = queue.pop(0)
-            carrying.append(step)
-            group += [step, *_carried_evals(step, queue, pipeline)]
-        return group, carrying
-    if pipeline.share_process and _joins(first):
-        while queue and _joins(queue[0]):
+    elif not joining:
+        while shares_a_process(first) and queue and shares_a_process(queue[0]):
             group.append(queue.pop(0))
         return group, []
-    while shares_a_process(group[0]) and queue and shares_a_process(queue[0]):
-        group.append(queue.pop(0))
-    return group, []
+    while joining and queue and _joins(queue[0]):   # an eval left in the queue is not one: it stops the group
+        step = queue.pop(0)
+        group.append(step)
+        if pipeline.evals and carries_its_evals(step):
+            carrying.append(step)
+            group += _carried_evals(step, queue, pipeline)
+    return group, carrying
 
 
 def _joins(step: Step) -> bool:
-    """Whether model ``step`` may join the process of the model steps before it (``share_process``):
-    one that carries its evals and has no gates (a failing gate must stop the steps after it)."""
-    return carries_its_evals(step) and not step.gates
+    """Whether ``step`` may share a process with the steps before and after it (``share_process``):
+    a data step or a model step that carries its evals, on one rank, without gates (a failing gate
+    must stop the steps after it)."""
+    one_rank_data = step.stage == "data" and step.launch is None
+    return (carries_its_evals(step) or one_rank_data) and not step.gates
 
 
 def _carried_evals(step: Step, queue: list[Step], pipeline: Pipeline) -> list[Step]:

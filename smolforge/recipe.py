@@ -26,7 +26,7 @@ import math
 import sys
 import types
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -226,6 +226,22 @@ def _check_scalar(value: Any, kind: type, where: str) -> Any:
     if isinstance(number, float) and math.isfinite(number) and number.is_integer():
         return int(number)
     raise bad()
+
+
+def check_keys(data: Mapping[str, Any], valid: Sequence[str], where: str, otherwise: str | None = None) -> None:
+    """RecipeError for the first key of ``data`` that is not in ``valid``, naming the closest valid
+    key, else ``otherwise`` (default: the valid keys).
+
+    >>> check_keys({"pipline": []}, ("pipeline", "eval"), "p.yaml")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: p.yaml: unknown key 'pipline' (did you mean 'pipeline'?)
+    """
+    for key in data:
+        if key not in valid:
+            close = difflib.get_close_matches(str(key), list(valid), n=1)
+            hint = f"did you mean '{close[0]}'?" if close else (otherwise or f"valid keys: {', '.join(valid)}")
+            raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
 
 
 def _unknown_key(source: str, prefix: str, key: Any, valid: list[str]) -> RecipeError:

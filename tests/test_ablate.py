@@ -10,7 +10,7 @@ import yaml
 
 from conftest import tiny_recipe
 from smolforge import cli
-from smolforge.errors import RecipeError
+from smolforge.errors import RecipeError, RunError
 from smolforge.evals.ablate import load_ablation, pipeline_file
 from smolforge.evals.ablate_stats import compare
 from smolforge.pipeline import Step, _next_group, load_pipeline
@@ -48,7 +48,8 @@ def _ablation(folder, **changes):
     ({"variants": [{"key": "mixture", "values": [[{"until": 1.0}]]}]}, "needs a name: values: \\{name: value\\}"),
     ({"variants": [{"key": "a", "values": [1], "also": 2}]}, "one key per variant"),
     ({"mode": "anneal"}, "mode anneal needs 'from: <main run>'"),
-    ({"from": "pretrain-demo"}, "'from' is for mode anneal"),
+    ({"from": "pretrain-demo"}, "'from' and 'from_step' are for mode anneal"),
+    ({"mode": "anneal", "from": "p", "from_step": 0}, "'from_step' must be a checkpoint's step"),
     ({"limit": 0}, "'limit' must be a positive integer"),
 ])
 def test_a_bad_ablation_file_names_the_key(tmp_path, change, message):
@@ -96,9 +97,17 @@ def test_the_pipeline_runs_consecutive_one_rank_runs_in_one_process(tmp_path):
     group, carried = _next_group(queue, pipeline)
     assert [s.name for s in group] == ["t-baseline-s0", "eval-t-baseline-s0", "t-baseline-s1", "eval-t-baseline-s1"]
     assert carried == pipeline.steps[:2] and queue == []
+    # a one-process data step joins too (the demo: data, pretrain, longctx and SFT in one process)
+    data = Step("step 0", "data", {"name": "d"}, "p.yaml")
+    queue = [data, pipeline.steps[0]]
+    group, carried = _next_group(queue, pipeline)
+    assert [s.name for s in group] == ["d", "t-baseline-s0", "eval-t-baseline-s0"] and carried == pipeline.steps[:1]
+    pipeline.share_process = False
+    queue = [data, pipeline.steps[0]]
+    assert _next_group(queue, pipeline)[0] == [data] and len(queue) == 1
 
 
-def test_anneal_mode_continues_the_main_run(tmp_path, runs, pretrain_run):
+def test_anneal_mode_continues_the_main_run(tmp_path, runs, pretrain_run, capsys):
     path = _ablation(tmp_path, mode="anneal", **{"from": pretrain_run.name},
                      variants=[{"key": "mixture", "values": {"math": [{"until": 1.0, "weights": {"math": 1.0}}]}}])
     target = tmp_path / "anneal.pipeline.yaml"
@@ -106,6 +115,19 @@ def test_anneal_mode_continues_the_main_run(tmp_path, runs, pretrain_run):
     steps = yaml.safe_load(target.read_text())["pipeline"]
     assert [s["init"] for s in steps] == [pretrain_run.name] * 4
     assert [s["mixture"][0]["weights"] for s in steps][2:] == [{"math": 1.0}] * 2
+    # from_step: the main run's DeepSpeed checkpoint, exported once as a run of its own
+    args = ["--runs-dir", str(runs.root), "ablate", "--config", str(path), "--write-pipeline", str(target),
+            "--set", "from_step=6"]
+    assert cli.main(args) == 0
+    branch = runs.get(f"{pretrain_run.name}-step6")
+    assert branch.parents == [pretrain_run.name] and branch.metrics["train/steps"] == 6
+    assert (branch.model_dir / "model.safetensors").is_file() and (branch.model_dir / "tokenizer.json").is_file()
+    assert {s["init"] for s in yaml.safe_load(target.read_text())["pipeline"]} == {branch.name}
+    made = branch.info["started_at"]
+    assert cli.main(args) == 0 and runs.get(branch.name).info["started_at"] == made      # made once
+    capsys.readouterr()
+    assert cli.main([*args[:-1], "from_step=5"]) == 2
+    assert "has no DeepSpeed checkpoint at step 5 (it keeps: 6" in capsys.readouterr().err
     with pytest.raises(RecipeError, match="continues a pretraining run"):
         sft = _write(tmp_path, "sft.yaml", {"stage": "sft", "parent": pretrain_run.name})
         load_ablation(_write(tmp_path, "a2.yaml", {"ablation": "x", "recipe": sft.name, "mode": "anneal",
@@ -164,7 +186,6 @@ def test_a_tiny_ablation_trains_audits_scores_and_judges(tmp_path, runs, data_ru
 
 
 def test_done_runs_with_the_planned_recipe_are_reused_and_others_need_overwrite(tmp_path, data_run):
-    from smolforge.errors import RunError
     from smolforge.evals.ablate import _check_runs
     from smolforge.recipe import build_stage_recipe
     from smolforge.registry import load_stage
