@@ -394,6 +394,7 @@ def analyze(ablation: Ablation, runs: Runs, *, device: str = "auto", batch_size:
                          "audit": stats["verdict"], "audit_reasons": stats["reasons"] + stats.get("unchecked", []),
                          "higher_is_better": not lower, **row})
     result = {"ablation": ablation.name, "stage": ablation.stage, "mode": ablation.mode, "from": ablation.start_from,
+              "from_step": ablation.from_step,
               "source": str(ablation.source), "seeds": ablation.seeds, "suite": ablation.suite,
               "limit": ablation.limit, "tasks": tasks,
               "variants": [{"label": v.label, "key": v.key, "value": v.value, "runs": ablation.names(v)}

@@ -46,6 +46,8 @@ def format_rows(rows: list[dict[str, Any]], audit: dict[str, str]) -> str:
 def format_result(result: dict[str, Any]) -> str:
     """The whole text report: what ran, the table, the audit's reasons, the rule."""
     mode = "from scratch" if result["mode"] == "scratch" else f"annealing from {result['from']}"
+    if result.get("from_step"):
+        mode += f" at step {result['from_step']}"
     audit = {t: a["verdict"] for t, a in result["audit"].items()}
     lines = [f"ablation {result['ablation']}: {result['stage']} {mode}, {len(result['seeds'])} seeds "
              f"({', '.join(map(str, result['seeds']))}), suite {result['suite']}"
