@@ -180,19 +180,19 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     fingerprints = lineage_fingerprints(parents, {"prompts": paths})
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
-        tokenizer = load_tokenizer(parent.model_dir)
-        model = AutoModelForCausalLM.from_pretrained(parent.model_dir)
-        with full_weights(model):
-            before, details_before = mean_reward(model, tokenizer, heldout, rewards,
-                                                 max_new_tokens=recipe.eval_max_new_tokens)
-        log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
         rollouts = None
-        if backend == "vllm-server":
+        if backend == "vllm-server":   # vLLM boots while the policy loads and is scored
             from smolforge.generation.rollouts import ServerRollouts
 
             rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts",
-                                      seed=recipe.trainer.seed).start()
+                                      seed=recipe.trainer.seed).start_in_background()
         try:
+            tokenizer = load_tokenizer(parent.model_dir)
+            model = AutoModelForCausalLM.from_pretrained(parent.model_dir)
+            with full_weights(model):
+                before, details_before = mean_reward(model, tokenizer, heldout, rewards,
+                                                     max_new_tokens=recipe.eval_max_new_tokens)
+            log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
             rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer) if rollouts else None
             callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, callbacks, rollout_func)

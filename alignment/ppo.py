@@ -252,14 +252,15 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         else _NoRun(runs.root / recipe.name, accelerator.process_index)
     with context as run:
         set_seed(spec.seed, device_specific=True)
-        models = build_models(parent.model_dir, spec, accelerator)
-        before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
-        log.info("ppo: held-out reward of the parent policy %.3f on %d prompts", before, len(heldout))
-        started = time.perf_counter()
-        with (_rollouts(backend, parent.model_dir, run, spec) as rollouts, open_tracker(run, recipe, main) as tracker,
-              StepProfiler(recipe.profile, run.path, accelerator.process_index, main=main) as profiler):
-            history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts, tracker, profiler)
-        seconds = time.perf_counter() - started
+        with _rollouts(backend, parent.model_dir, run, spec) as rollouts:   # vLLM boots while the models load
+            models = build_models(parent.model_dir, spec, accelerator)
+            before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
+            log.info("ppo: held-out reward of the parent policy %.3f on %d prompts", before, len(heldout))
+            started = time.perf_counter()
+            with (open_tracker(run, recipe, main) as tracker,
+                  StepProfiler(recipe.profile, run.path, accelerator.process_index, main=main) as profiler):
+                history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts, tracker, profiler)
+            seconds = time.perf_counter() - started
         after, details_after = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
         log.info("ppo: held-out reward %.3f -> %.3f", before, after)
         accelerator.wait_for_everyone()
@@ -330,12 +331,16 @@ def _rollout_backend(recipe: Recipe, model_dir, num_processes: int) -> str:
 
 @contextlib.contextmanager
 def _rollouts(backend: str, model_dir, run, spec: PPOSpec):
-    """A started vLLM server holding the policy for "vllm-server" (stopped on exit), else None (HF generate)."""
+    """A vLLM server holding the policy for "vllm-server", booting in the background (its first use
+    waits; stopped on exit), else None (HF generate)."""
     if backend == "hf":
         yield None
         return
-    with server_rollouts(model_dir, run.path / "rl" / "rollouts", spec) as rollouts:
+    rollouts = server_rollouts(model_dir, run.path / "rl" / "rollouts", spec).start_in_background()
+    try:
         yield rollouts
+    finally:
+        rollouts.stop()
 
 
 def server_rollouts(model_dir, workdir, spec: PPOSpec):

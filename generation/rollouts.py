@@ -22,6 +22,7 @@ Requests carry no per-request seed (identical prompts in one request would then 
 completions, which would empty GRPO's groups); the server's ``--seed`` fixes its sampler instead.
 
     rollouts = ServerRollouts("runs/sft-demo/model", "runs/ppo-demo/rl/rollout-weights").start()
+    # or .start_in_background(): vLLM boots while the trainer loads; the first sync/generate waits
     rollouts.sync(policy)
     [(ids, logprobs)] = rollouts.generate([[5, 17, 9]], max_tokens=16, temperature=1.0)
     rollouts.stop()
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -55,15 +57,42 @@ class ServerRollouts:
         self.seed = seed
         self.requests = 0
         self.syncs = 0
+        self._starting: threading.Thread | None = None     # a start_in_background() under way
+        self._start_error: BaseException | None = None
         self.server = VLLMServer(model_dir, served_name="policy", max_model_len=max_model_len, dev_mode=True,
                                  log_path=self.workdir / "vllm-server.log", ready_timeout=ready_timeout,
                                  gpu_memory_utilization=gpu_memory_utilization, extra_args=["--seed", str(seed)])
 
     def start(self) -> "ServerRollouts":
+        """Start the server and wait until it is ready."""
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.server.start()
         log.info("rollouts: vLLM server on %s ready in %.1f s (log: %s)", self.server.url, self.server.ready_s,
                  self.server.log_path)
+        return self
+
+    def start_in_background(self) -> "ServerRollouts":
+        """Start the server on a thread and return at once, so the caller loads and scores its policy
+        while vLLM boots; the first :meth:`sync` or :meth:`generate` (or :meth:`ready`) waits for it."""
+        self._start_error = None
+
+        def start() -> None:
+            try:
+                self.start()
+            except BaseException as exc:  # noqa: BLE001 - re-raised by ready() in the caller's thread
+                self._start_error = exc
+
+        self._starting = threading.Thread(target=start, name="vllm-server-start", daemon=True)
+        self._starting.start()
+        return self
+
+    def ready(self) -> "ServerRollouts":
+        """Wait for a start begun by :meth:`start_in_background`; raise what that start raised."""
+        if self._starting is not None:
+            self._starting.join()
+            self._starting = None
+            if self._start_error is not None:
+                raise self._start_error
         return self
 
     def sync(self, model) -> None:
@@ -71,6 +100,8 @@ class ServerRollouts:
         if hasattr(model, "peft_config"):
             raise ServiceError("vLLM rollouts need a plain model; merge LoRA adapters before syncing")
         from safetensors.torch import save_file
+
+        self.ready()
 
         target = self.workdir / f"weights-{self.syncs}"
         target.mkdir(parents=True, exist_ok=True)
@@ -97,6 +128,7 @@ class ServerRollouts:
         """``n`` samples per prompt (prompt-major): the sampled ids (eos included) and their log-probs."""
         if not prompt_ids:
             return []
+        self.ready()
         payload = {"model": self.server.served_name, "prompt": [list(map(int, p)) for p in prompt_ids], "n": n,
                    "logprobs": 0, "return_token_ids": True, "skip_special_tokens": False,
                    **self.sampling(temperature=temperature, top_p=top_p, max_tokens=max_tokens)}
@@ -114,7 +146,12 @@ class ServerRollouts:
         return results
 
     def stop(self) -> None:
+        """Stop the server (one still starting too: its start then ends) and remove pushed weights."""
         self.server.stop()
+        if self._starting is not None:    # it sees its process gone and returns (or started one after ours)
+            self._starting.join()
+            self._starting = None
+            self.server.stop()
         for folder in self.workdir.glob("weights-*"):
             shutil.rmtree(folder, ignore_errors=True)
 

@@ -32,14 +32,14 @@ first one starts; deep validation happens in the stage's own process. Each step 
 ``python -m smolforge --runs-dir ROOT STAGE --config STEP.yaml``, which isolates DeepSpeed
 process groups and vLLM patches between stages. The evals that follow one model step run in
 that step's own process, after it (:mod:`smolforge.step_batch`: the same commands in turn, the
-imports paid once), unless the step starts several ranks (``launch:``), is an online-RL stage
-(whose process may hold an in-process vLLM engine: its evals then share a process of their own),
-or has no ``name`` to evaluate; an eval that asks for an in-process vLLM engine or a parity
+imports paid once), unless the step starts several ranks (``launch:``), is an online-RL stage on
+a GPU machine (whose process may hold an in-process vLLM engine: its evals then share a process of
+their own), or has no ``name`` to evaluate; an eval that asks for an in-process vLLM engine or a parity
 backend always gets a process of its own. With ``share_process: true`` consecutive steps that are
-data steps or model steps that could carry their evals, none with gates, run in one process as
-well, one after the other (their evals after each): an ablation's many short runs of one stage, or
-the demo's data, pretraining, long-context and SFT steps, pay the imports once (``smolforge
-ablate`` sets it).
+data steps or model steps that could carry their evals run in one process as well, one after the
+other (their evals after each; a step's failing gates stop the process there): an ablation's many
+short runs of one stage, or the demo's steps up to GRPO, pay the imports once (``smolforge ablate``
+sets it).
 
 Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
 step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
@@ -350,15 +350,25 @@ ONLINE_RL_STAGES = ("grpo", "rloo", "ppo")
 
 def carries_its_evals(step: Step) -> bool:
     """Whether model step ``step`` may run the evals that follow it in its own process: one rank,
-    a known run name, and no in-process vLLM engine left behind (online RL may start one).
+    a known run name, and no in-process vLLM engine left behind (online RL may start one on a GPU
+    machine unless its recipe says ``generation: hf``; on a CPU, vLLM runs as a server process).
 
     >>> carries_its_evals(Step("step 2", "sft", {"name": "sft-demo"}, "p.yaml"))
     True
-    >>> carries_its_evals(Step("step 2", "sft", {}, "p.yaml")), carries_its_evals(Step("step 5", "grpo", {"name": "g"}, "p.yaml"))
-    (False, False)
+    >>> carries_its_evals(Step("step 2", "sft", {}, "p.yaml"))
+    False
+    >>> carries_its_evals(Step("step 5", "grpo", {"name": "g", "generation": "hf"}, "p.yaml"))
+    True
     """
-    return (step.stage in MODEL_STAGES and step.stage not in ONLINE_RL_STAGES and step.launch is None
-            and step.name is not None)
+    engine_possible = (step.stage in ONLINE_RL_STAGES and step.recipe.get("generation", "auto") != "hf"
+                       and gpu_device_present())
+    return step.stage in MODEL_STAGES and not engine_possible and step.launch is None and step.name is not None
+
+
+def gpu_device_present() -> bool:
+    """Whether this machine shows a GPU device node (NVIDIA or AMD), without importing torch.
+    A device hidden by ``CUDA_VISIBLE_DEVICES`` still counts: this only errs towards caution."""
+    return any(Path(node).exists() for node in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd"))
 
 
 def _next_group(queue: list[Step], pipeline: Pipeline) -> tuple[list[Step], list[Step]]:
@@ -368,7 +378,8 @@ def _next_group(queue: list[Step], pipeline: Pipeline) -> tuple[list[Step], list
     group, carrying = [first], []
     joining = pipeline.share_process and _joins(first)
     if pipeline.evals and carries_its_evals(first):
-        carrying.append(first)
+        group[0] = _without_gates(first)
+        carrying.append(group[0])
         group += _carried_evals(first, queue, pipeline)
     elif not joining:
         while shares_a_process(first) and queue and shares_a_process(queue[0]):
@@ -376,19 +387,26 @@ def _next_group(queue: list[Step], pipeline: Pipeline) -> tuple[list[Step], list
         return group, []
     while joining and queue and _joins(queue[0]):   # an eval left in the queue is not one: it stops the group
         step = queue.pop(0)
-        group.append(step)
         if pipeline.evals and carries_its_evals(step):
-            carrying.append(step)
+            group.append(_without_gates(step))
+            carrying.append(group[-1])
             group += _carried_evals(step, queue, pipeline)
+        else:
+            group.append(step)
     return group, carrying
 
 
 def _joins(step: Step) -> bool:
     """Whether ``step`` may share a process with the steps before and after it (``share_process``):
-    a data step or a model step that carries its evals, on one rank, without gates (a failing gate
-    must stop the steps after it)."""
-    one_rank_data = step.stage == "data" and step.launch is None
-    return (carries_its_evals(step) or one_rank_data) and not step.gates
+    a data step or a model step that carries its evals, on one rank. The batch checks a gated step's
+    gates itself and stops there when one fails (a data step's gates need its name to do so)."""
+    one_rank_data = step.stage == "data" and step.launch is None and (step.name is not None or not step.gates)
+    return carries_its_evals(step) or one_rank_data
+
+
+def _without_gates(step: Step) -> Step:
+    """``step`` whose gates its last eval checks instead (:func:`_carried_evals`)."""
+    return dataclasses.replace(step, gates=[])
 
 
 def _carried_evals(step: Step, queue: list[Step], pipeline: Pipeline) -> list[Step]:
@@ -408,14 +426,19 @@ def _run_steps_together(steps: list[Step], n: int, root: Path, tmp: Path, *, ove
     step that ran: the batch stops at the first failure."""
     calls = [_step_args(step, n + i, root, tmp, overwrite=overwrite, debug=debug) for i, step in enumerate(steps)]
     spec, codes_file = tmp / f"{n:02d}-batch.json", tmp / f"{n:02d}-batch.codes.json"
-    spec.write_text(json.dumps({"steps": [args for args, _ in calls], "codes": str(codes_file)}), encoding="utf-8")
+    gates = {str(i): {"runs_dir": str(root), "run": _gated_run(step, step.name),
+                      "gates": [gate.to_dict() for gate in step.gates]}
+             for i, step in enumerate(steps) if step.gates}
+    spec.write_text(json.dumps({"steps": [args for args, _ in calls], "codes": str(codes_file), "gates": gates}),
+                    encoding="utf-8")
     code, tail = run_showing_output([sys.executable, "-m", "smolforge.step_batch", str(spec)], env=_child_env(),
                                     stdout_to_stderr=quiet_stdout)
     try:
         codes = json.loads(codes_file.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         codes = []
-    if len(codes) < len(steps) and (not codes or codes[-1] == 0):
+    stopped_by_gates = bool(codes) and codes[-1] == 0 and bool(steps[len(codes) - 1].gates) and code == 0
+    if len(codes) < len(steps) and (not codes or codes[-1] == 0) and not stopped_by_gates:
         codes.append(code if code != 0 else 1)   # the process ended during this step (killed, crashed)
     return [StepResult(c, _run_name(step, result), tail if c != 0 else [])
             for c, step, (_, result) in zip(codes, steps, calls)]

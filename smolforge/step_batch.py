@@ -5,7 +5,8 @@ lm-eval; the pipeline runs every eval recipe after every model step, so it runs 
 in the step's own process (or, after a step that must stay alone, in one process of their own),
 with the same arguments each would get alone. Between commands, what the last one left is
 collected (and CUDA's cache emptied) before the next starts. ``codes`` receives the exit codes so
-far after each command; the batch stops at the first that fails.
+far after each command; the batch stops at the first that fails, and after a step whose promotion
+gates fail (``gates``: the step's index → ``{"runs_dir": DIR, "run": RUN, "gates": [...]}``).
 
     python -m smolforge.step_batch steps.json
     # steps.json: {"steps": [["--runs-dir", "runs", "eval", "--config", "a.yaml"], …], "codes": "codes.json"}
@@ -60,7 +61,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         write_json_atomic(spec["codes"], codes)
         if code != 0:
             return code
+        gated = spec.get("gates", {}).get(str(index))
+        if gated and index + 1 < len(spec["steps"]) and not gates_pass(gated):
+            return 0     # the pipeline checks the same gates, reports them and stops
     return 0
+
+
+def gates_pass(gated: dict) -> bool:
+    """Whether run ``gated["run"]`` in ``gated["runs_dir"]`` passes ``gated["gates"]``."""
+    from smolforge.gates import check_gates, failures
+    from smolforge.runs import Runs
+
+    runs = Runs(gated["runs_dir"])
+    failed = failures(check_gates(runs.get(gated["run"], require_done=False), runs, gated["gates"]))
+    if failed:
+        print(f"gates on {gated['run']} failed; the steps after it in this process do not run", file=sys.stderr)
+    return not failed
 
 
 if __name__ == "__main__":

@@ -210,6 +210,36 @@ def pytest_collection_modifyitems(items):
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
 
 
+# Files that share a session server go to one worker (else each worker would start its own).
+ONE_WORKER = {"test_annotate_server.py": "argilla-server", "test_annotate_ui.py": "argilla-server"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with the files of :data:`ONE_WORKER` as one unit of work each group."""
+    if config.getoption("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupedFiles(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return ONE_WORKER.get(Path(file).name, file)
+
+    return GroupedFiles(config, log)
+
+
+@pytest.fixture(scope="session")
+def argilla_server(tmp_path_factory):
+    """One embedded Argilla server for the files that only talk to it (:data:`ONE_WORKER`);
+    test_annotate_loop starts its own through ``smolforge annotate serve`` and restarts it."""
+    from smolforge.annotate.server import ArgillaServer
+
+    server = ArgillaServer(tmp_path_factory.mktemp("argilla-home")).start()
+    print(f"\nArgilla cold start: {server.ready_s:.1f} s")
+    yield server
+    server.stop()
+
+
 # A real one-machine Slurm cluster (tests/slurm_cluster.py), started once per session (per
 # pytest-xdist worker); tests that use it are marked slow. Clients and jobs need SLURM_CONF:
 # ``monkeypatch.setenv("SLURM_CONF", str(slurm.conf))`` or ``env=slurm.env``.

@@ -13,6 +13,8 @@ from smolforge import cli
 from smolforge.errors import RecipeError, RunError
 from smolforge.evals.ablate import load_ablation, pipeline_file
 from smolforge.evals.ablate_stats import compare
+from smolforge.gates import Gate
+from smolforge.launchers import LaunchSpec
 from smolforge.pipeline import Step, _next_group, load_pipeline
 from smolforge.recipe import to_dict
 
@@ -81,11 +83,13 @@ def test_the_pipeline_runs_consecutive_one_rank_runs_in_one_process(tmp_path):
     queue = list(pipeline.steps)
     group, carried = _next_group(queue, pipeline)
     assert [s.name for s in group] == [p.name for p in ablation.plan()] and queue == [] and carried == []
-    # a gated step, or one launched on several ranks, keeps a process of its own
-    gated = Step("step 2", "pretrain", {"name": "g"}, "p.yaml", gates=pipeline.steps[0].gates or ["gate"])
-    queue = [pipeline.steps[0], gated, pipeline.steps[1]]
+    # a gated step joins (the shared process checks its gates and stops there when one fails);
+    # one launched on several ranks keeps a process of its own
+    gated = Step("step 2", "pretrain", {"name": "g"}, "p.yaml", gates=[Gate("arith/acc", min=0.1)])
+    ranks = Step("step 3", "pretrain", {"name": "r"}, "p.yaml", launch=LaunchSpec(processes=2))
+    queue = [pipeline.steps[0], gated, ranks, pipeline.steps[1]]
     group, _ = _next_group(queue, pipeline)
-    assert [s.name for s in group] == ["t-baseline-s0"] and queue[0] is gated
+    assert [s.name for s in group] == ["t-baseline-s0", "g"] and group[1].gates and queue[0] is ranks
     # with an eval after every model step, each model carries its evals into the shared process
     pipeline.evals = [{"stage": "eval", "suite": "embedded"}, {"stage": "eval", "suite": "redteam", "backend": "vllm"}]
     queue = list(pipeline.steps[:2])

@@ -24,13 +24,10 @@ TOPICS = ["geo", "geo", "people", "weather"]
 
 
 @pytest.fixture(scope="module")
-def live(tmp_path_factory):
-    """``{"server": ArgillaServer, "home": Path}`` (restarts under SIGTERM and SIGKILL: test_annotate_loop)."""
-    home = tmp_path_factory.mktemp("argilla-home")
-    state = {"home": home, "server": ArgillaServer(home).start()}
-    print(f"\nArgilla cold start: {state['server'].ready_s:.1f} s")
-    yield state
-    state["server"].stop()
+def live(argilla_server):
+    """``{"server": ArgillaServer, "home": Path}``: the session's server (restarts under SIGTERM and
+    SIGKILL: test_annotate_loop)."""
+    return {"home": argilla_server.home, "server": argilla_server}
 
 
 def dataset_of(state):

@@ -19,7 +19,7 @@ import time
 import pytest
 
 from smolforge.annotate.records import GUIDELINES, LABEL_TEXT, build_record, build_settings, review_schema, to_record
-from smolforge.annotate.server import REPO, ArgillaServer, connect
+from smolforge.annotate.server import REPO, connect
 
 rg = pytest.importorskip("argilla")
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -42,10 +42,8 @@ CHOICE = "response_2"       # not the option the UI focuses first: only the clic
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    server = ArgillaServer(tmp_path_factory.mktemp("argilla-home")).start()
-    yield server
-    server.stop()
+def server(argilla_server):
+    return argilla_server
 
 
 @pytest.fixture(scope="module")

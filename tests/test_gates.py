@@ -235,19 +235,21 @@ def test_gates_are_validated_before_the_first_step_starts(fake_env):
     assert "gates" not in pipe.steps[2].recipe  # the stage never sees the key
 
 
-def test_failing_gate_fails_the_pipeline_step_with_the_reason(fake_env):
-    f = write(fake_env / "pipe.yaml", """\
+@pytest.mark.parametrize("share_process", [False, True])   # True: the steps run in one process, which stops
+def test_failing_gate_fails_the_pipeline_step_with_the_reason(fake_env, share_process):
+    f = write(fake_env / "pipe.yaml", f"""\
+        share_process: {str(share_process).lower()}
         pipeline:
-          - {stage: pretrain, name: p1, quality: 0.7}
+          - {{stage: pretrain, name: p1, quality: 0.7}}
           - stage: sft
             name: s1
             parent: p1
             quality: 0.65
             gates:
-              - {metric: toy/acc, against: parent, max_drop: 0.01}
-              - {metric: toy/acc, min: 0.5}
-          - {stage: sft, name: s2, parent: s1}
-        eval: {stage: eval}
+              - {{metric: toy/acc, against: parent, max_drop: 0.01}}
+              - {{metric: toy/acc, min: 0.5}}
+          - {{stage: sft, name: s2, parent: s1}}
+        eval: {{stage: eval}}
         """)
     out = smolforge("pipeline", str(f), cwd=fake_env)
     assert out.returncode == 2, out.stderr
@@ -255,6 +257,7 @@ def test_failing_gate_fails_the_pipeline_step_with_the_reason(fake_env):
         "RunError: pipeline step 2 (stage sft, run s1) failed its promotion gates: "
         "gate failed: toy/acc 0.650 < parent p1 0.700 - 0.010")
     assert "gate passed: toy/acc 0.650 >= min 0.500" in out.stdout  # every verdict is printed
+    assert out.stdout.count("gates on s1:") == 1                    # once, after the last eval
     table = out.stdout[out.stdout.index("pipeline summary"):]
     row = next(line for line in table.splitlines() if line.startswith("sft"))
     assert "s1" in row and "FAILED 1/2: toy/acc" in row
