@@ -8,8 +8,9 @@ Debian's slurm-wlm 22.05 without systemd or cgroups: ``AuthType=auth/none`` and
 spool, logs and pid files under ``tmp_path``, the ``NodeName=`` line from ``slurmd -C``, ports
 picked free so two clusters (two pytest-xdist workers) can run side by side, and one partition,
 ``debug``. ``cluster.env`` is ``os.environ`` plus ``SLURM_CONF``: every client call (sbatch,
-squeue, scontrol) and every job needs it, as there is no /etc/slurm/slurm.conf. The daemons are
-stopped by PID (SIGTERM, then SIGKILL) when the block ends.
+squeue, scontrol) and every job needs it, as there is no /etc/slurm/slurm.conf. When the block
+ends, jobs left are cancelled and their steps waited for, the daemons are stopped by PID
+(SIGTERM, then SIGKILL), and any process still carrying this cluster's ``SLURM_CONF`` is killed.
 """
 from __future__ import annotations
 
@@ -140,5 +141,44 @@ def slurm_cluster(tmp_path: Path, timeout: float = 30.0):
             time.sleep(0.1)
         yield cluster
     finally:
+        _drain(cluster)
         for process in reversed(cluster.processes):
             _stop(process)
+        _kill_leftovers(conf)
+
+
+def _drain(cluster: SlurmCluster, timeout: float = 20.0) -> None:
+    """Cancel what is left and wait until its job steps have reported back: a slurmstepd whose
+    slurmd is gone retries its job-complete RPC forever."""
+    if not cluster.processes or any(p.poll() is not None for p in cluster.processes):
+        return
+    jobs = cluster.run("squeue", "-h", "-o", "%i", check=False).stdout.split()
+    if jobs:
+        cluster.run("scancel", *jobs, check=False)
+    with contextlib.suppress(TimeoutError):
+        cluster.wait_idle(timeout)
+    deadline = time.monotonic() + timeout
+    while _processes_of(cluster.conf, b"slurmstepd") and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
+def _processes_of(conf: Path, command: bytes = b"") -> list[int]:
+    """PIDs (not this one) whose environment names ``conf`` and whose command line starts with
+    ``command``: the daemons and their helpers, slurmstepd, the jobs."""
+    marker = f"SLURM_CONF={conf}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if ((entry / "cmdline").read_bytes().startswith(command)
+                    and marker in (entry / "environ").read_bytes().split(b"\0")):
+                found.append(int(entry.name))
+    return found
+
+
+def _kill_leftovers(conf: Path) -> None:
+    """SIGKILL, by PID, whatever of this cluster outlived its daemons."""
+    for pid in _processes_of(conf):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)

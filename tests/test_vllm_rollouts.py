@@ -83,6 +83,19 @@ def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
     assert server.process is None
 
 
+def test_a_start_in_the_background_that_fails_raises_at_the_first_use(tmp_path):
+    from smolforge.generation.rollouts import ServerRollouts
+
+    rollouts = ServerRollouts(tmp_path / "missing", tmp_path / "rollouts").start_in_background()
+    try:
+        with pytest.raises(ServiceError, match="not a model folder"):
+            rollouts.generate([[1, 2, 3]], max_tokens=2)
+        assert rollouts.ready() is rollouts            # reported once; the server never started
+    finally:
+        rollouts.stop()
+    assert rollouts.server.process is None
+
+
 def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_path, monkeypatch):
     from smolforge.generation import backends
 
