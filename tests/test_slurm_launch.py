@@ -40,11 +40,11 @@ def _launch(runs, recipe_args, name, slurm, *extra, tasks: int = 2) -> str:
 
 
 @pytest.mark.slow
-def test_slurm_job_signalled_before_its_time_limit_requeues_and_matches_torchrun(runs, data_run, slurm, tmp_path,
-                                                                                   torchrun_zero3_run):
+def test_slurm_job_signalled_before_its_time_limit_requeues_and_matches_the_local_run(runs, data_run, slurm, tmp_path,
+                                                                                   deepspeed_zero3_run):
     """`smolforge launch` → sbatch → srun + torchrun (2 ranks); USR1 as the time limit would send it:
-    checkpoint, stop, requeue, resume; every step's loss equals the local 2-rank torchrun run's."""
-    reference = torchrun_zero3_run.path
+    checkpoint, stop, requeue, resume; every step's loss equals the local 2-rank run's (deepspeed launcher)."""
+    reference = deepspeed_zero3_run.path
     recipe = write_recipe(tmp_path / "slurm.yaml", runs, "pretrain-slurm", data_run.name,
                           train={**ZERO_TRAIN, "zero_stage": 3, "micro_batch_size": 4})
     run_dir = runs.root / "pretrain-slurm"
