@@ -239,18 +239,15 @@ def check_keys(data: Mapping[str, Any], valid: Sequence[str], where: str, otherw
     """
     for key in data:
         if key not in valid:
-            close = difflib.get_close_matches(str(key), list(valid), n=1)
-            hint = f"did you mean '{close[0]}'?" if close else (otherwise or f"valid keys: {', '.join(valid)}")
-            raise RecipeError(f"{where}: unknown key '{key}' ({hint})")
+            raise _unknown_key(where, "", key, list(valid), otherwise)
 
 
-def _unknown_key(source: str, prefix: str, key: Any, valid: list[str]) -> RecipeError:
+def _unknown_key(source: str, prefix: str, key: Any, valid: list[str], otherwise: str | None = None) -> RecipeError:
     close = difflib.get_close_matches(str(key), valid, n=1)
     if close:
         hint = f"did you mean '{prefix}{close[0]}'?"
     else:
-        shown = ", ".join(valid[:40]) + (", ..." if len(valid) > 40 else "")
-        hint = f"valid keys: {shown}"
+        hint = otherwise or "valid keys: " + ", ".join(valid[:40]) + (", ..." if len(valid) > 40 else "")
     return RecipeError(f"{source}: unknown key '{prefix}{key}' ({hint})")
 
 

@@ -25,13 +25,12 @@ TOPICS = ["geo", "geo", "people", "weather"]
 
 @pytest.fixture(scope="module")
 def live(argilla_server):
-    """``{"server": ArgillaServer, "home": Path}``: the session's server (restarts under SIGTERM and
-    SIGKILL: test_annotate_loop)."""
-    return {"home": argilla_server.home, "server": argilla_server}
+    """The session's Argilla server (restarts under SIGTERM and SIGKILL: test_annotate_loop)."""
+    return argilla_server
 
 
-def dataset_of(state):
-    client = connect(state["server"].url, state["server"].api_key)
+def dataset_of(server):
+    client = connect(server.url, server.api_key)
     return client, client.datasets(name="review", workspace="argilla")
 
 
@@ -40,7 +39,7 @@ def ids(records) -> set[str]:
 
 
 def test_sdk_logs_searches_and_submits(live):
-    client = connect(live["server"].url, live["server"].api_key)
+    client = connect(live.url, live.api_key)
     settings = rg.Settings(fields=[rg.TextField(name="text")],
                            questions=[rg.LabelQuestion(name="label", labels=["good", "bad"])],
                            metadata=[rg.TermsMetadataProperty(name="topic"), rg.IntegerMetadataProperty(name="n")])
@@ -73,8 +72,8 @@ def test_sdk_logs_searches_and_submits(live):
     assert answers == {"r1": [("good", "submitted")], "r3": [("bad", "submitted")]}
 
 
-def submitted_answers(state) -> dict:
-    _, dataset = dataset_of(state)
+def submitted_answers(server) -> dict:
+    _, dataset = dataset_of(server)
     return {r.id: [(a.value, getattr(a.status, "value", a.status)) for a in r.responses]
             for r in dataset.records(with_responses=True) if r.responses}
 
@@ -84,11 +83,11 @@ def test_status_filters_are_per_user(live):
     user = rg.User(username="ann", password="annotator-pass", role="annotator", client=client).create()
     client.workspaces("argilla").add_user(user)
     import httpx
-    key = httpx.get(f"{live['server'].url}/api/v1/users/{user.id}",
-                    headers={"X-Argilla-Api-Key": live["server"].api_key}).json()["api_key"]
+    key = httpx.get(f"{live.url}/api/v1/users/{user.id}",
+                    headers={"X-Argilla-Api-Key": live.api_key}).json()["api_key"]
     server_ids = {r.id: r._server_id for r in dataset.records}
     for external_id, status, value in (("r0", "discarded", "bad"), ("r2", "draft", "good")):
-        reply = httpx.post(f"{live['server'].url}/api/v1/records/{server_ids[external_id]}/responses",  # as the UI
+        reply = httpx.post(f"{live.url}/api/v1/records/{server_ids[external_id]}/responses",  # as the UI
                            json={"values": {"label": {"value": value}}, "status": status},
                            headers={"X-Argilla-Api-Key": key})
         assert reply.status_code == 201, reply.text
@@ -97,7 +96,7 @@ def test_status_filters_are_per_user(live):
         body = {"filters": {"and": filters}}
         if query:
             body["query"] = {"text": {"q": query}}
-        reply = httpx.post(f"{live['server'].url}/api/v1/me/datasets/{dataset.id}/records/search",
+        reply = httpx.post(f"{live.url}/api/v1/me/datasets/{dataset.id}/records/search",
                            json=body, headers={"X-Argilla-Api-Key": key})
         assert reply.status_code == 200, reply.text
         return {item["record"]["external_id"] for item in reply.json()["items"]}
@@ -123,9 +122,9 @@ def test_sort_offset_limit_through_the_api(live):
     import httpx
     _, dataset = dataset_of(live)
     body = {"sort": [{"scope": {"entity": "metadata", "metadata_property": "n"}, "order": "desc"}]}
-    reply = httpx.post(f"{live['server'].url}/api/v1/datasets/{dataset.id}/records/search",
+    reply = httpx.post(f"{live.url}/api/v1/datasets/{dataset.id}/records/search",
                        params={"offset": 1, "limit": 2}, json=body,
-                       headers={"X-Argilla-Api-Key": live["server"].api_key})
+                       headers={"X-Argilla-Api-Key": live.api_key})
     reply.raise_for_status()
     got = reply.json()
     assert got["total"] == 4
@@ -146,7 +145,7 @@ def test_worker_recomputes_status_when_distribution_changes(live):
 def test_metrics_the_ui_reads(live):
     import httpx
     _, dataset = dataset_of(live)
-    api = httpx.Client(base_url=f"{live['server'].url}/api/v1", headers={"X-Argilla-Api-Key": live["server"].api_key})
+    api = httpx.Client(base_url=f"{live.url}/api/v1", headers={"X-Argilla-Api-Key": live.api_key})
     mine = api.get(f"/me/datasets/{dataset.id}/metrics").json()
     assert mine == {"responses": {"total": 4, "submitted": 2, "discarded": 0, "draft": 0, "pending": 2}}
     props = {p["name"]: p["id"] for p in api.get(f"/me/datasets/{dataset.id}/metadata-properties").json()["items"]}
@@ -159,7 +158,7 @@ def test_metrics_the_ui_reads(live):
 
 def test_wrong_api_key_is_a_clear_error(live):
     with pytest.raises(ServiceError, match="rejected the API key") as err:
-        connect(live["server"].url, "not-the-key")
+        connect(live.url, "not-the-key")
     assert "not-the-key" not in str(err.value)
 
 
@@ -171,8 +170,8 @@ def test_unreachable_server_is_a_clear_error():
 
 
 def test_api_key_never_in_logs(live):
-    for log in (live["home"] / "logs").glob("*.log"):
-        assert live["server"].api_key not in log.read_text(errors="replace"), log
+    for log in (live.home / "logs").glob("*.log"):
+        assert live.api_key not in log.read_text(errors="replace"), log
 
 
 def test_start_failure_names_the_log(tmp_path):

@@ -3,6 +3,7 @@ real SIGKILL, corrupt-checkpoint fallback, and 2-process ZeRO-2/ZeRO-3 runs over
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -15,6 +16,7 @@ import torch
 
 from conftest import QUIET, REPO, ZERO_TRAIN, events, losses, run_stage, tiny_recipe
 from conftest import write_pretrain_recipe as write_recipe
+from smolforge import cli
 from smolforge.pretrain import stage as pretrain_stage
 from smolforge.pretrain.mixture import MixtureSampler, Phase
 from smolforge.errors import RecipeError
@@ -133,8 +135,6 @@ def test_continued_pretraining_from_a_parent_resumes_exactly_after_sigkill(runs,
     assert not (run_dir / "model").exists()
     assert max(losses(run_dir)) < 24
 
-    from smolforge import cli
-
     assert cli.main(killed[2:]) == 0          # the same command resumes (in this process: imports paid)
     run = Run(run_dir)
     assert run.status == "done" and run.parents == [data_run.name, pretrain_run.name]   # lineage: the parent
@@ -233,11 +233,17 @@ def test_resuming_is_refused_when_asked_never(runs, data_run):
 @pytest.fixture(scope="module")
 def one_process_run(runs, data_run, tmp_path_factory):
     """The reference for the ZeRO runs: one process, batch 8 (it runs ZeRO-0: nothing to shard)."""
-    from smolforge import cli
-
     recipe = write_recipe(tmp_path_factory.mktemp("zero") / "one.yaml", runs, "pretrain-1p", data_run.name,
                           train={**ZERO_TRAIN, "zero_stage": 2, "micro_batch_size": 8})
-    assert cli.main(recipe[2:]) == 0          # the CLI in this process: its imports are already paid
+    said = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    pretrain_stage.log.addHandler(handler)
+    try:
+        assert cli.main(recipe[2:]) == 0      # the CLI in this process: its imports are already paid
+    finally:
+        pretrain_stage.log.removeHandler(handler)
+    assert any("running ZeRO-0" in line for line in said), said
     return runs.root / "pretrain-1p"
 
 
