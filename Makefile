@@ -26,6 +26,8 @@ setup: $(STAMP) $(ARGILLA_STAMP)
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium; }
 	@{ command -v prometheus && command -v promtool; } >/dev/null 2>&1 || { echo "installing prometheus (live alert tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; }
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { echo "installing postgresql (Argilla on PostgreSQL: tests, backups)"; \
+	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends postgresql; }
 	@{ command -v slurmctld && command -v slurmd && command -v sbatch && command -v munged; } >/dev/null 2>&1 || { \
 	  echo "installing slurm-wlm and munge (a one-machine Slurm cluster for the launch and datatrove tests)"; \
 	  $(SUDO) apt-get update -qq && $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends slurm-wlm munge; }
@@ -55,9 +57,9 @@ endif
 	@echo "smolforge installed in $(VENV)"
 
 # argilla-server 2.8 pins clash with the ML stack: it gets its own venv (annotate/server.py runs it).
-$(ARGILLA_STAMP):
+$(ARGILLA_STAMP): Makefile
 	@test -x $(ARGILLA_VENV)/bin/python || python3 -m venv $(ARGILLA_VENV)
-	$(ARGILLA_VENV)/bin/python -m pip install --quiet argilla-server==2.8.0 "click<8.2"
+	$(ARGILLA_VENV)/bin/python -m pip install --quiet argilla-server==2.8.0 "click<8.2" "asyncpg~=0.30.0" "psycopg2-binary~=2.9.0"
 	@touch $(ARGILLA_STAMP)
 	@echo "argilla-server installed in $(ARGILLA_VENV)"
 

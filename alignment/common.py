@@ -13,6 +13,7 @@ from typing import Any
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.generation.prompts import load_tokenizer
+from smolforge.model_folder import check_model_folder
 from smolforge.profiling import StepProfiler, check_profile
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs
@@ -74,6 +75,7 @@ def model_parent(runs: Runs, ref: str) -> Run:
     parent = runs.get(ref)
     if not (parent.model_dir / "config.json").is_file():
         raise RunError(f"parent run '{parent.name}' (stage {parent.stage}) has no model/ to start from")
+    check_model_folder(parent.model_dir, f"parent run '{parent.name}'")
     return parent
 
 

@@ -2,7 +2,7 @@
 
     smolforge dpo --config recipes/demo/dpo.yaml
     smolforge dpo --config recipes/demo/dpo.yaml --set trainer.beta=0.2 --set parent=sft-demo
-    smolforge dpo --config recipes/demo/dpo.yaml --set trainer.loss_type=ipo
+    smolforge dpo --config recipes/demo/dpo.yaml --set trainer.loss_type=ipo --set trainer.loss_weights=null
     smolforge dpo --config recipes/demo/dpo.yaml --set lora.r=16 --set reference=none
 
 Reads a parent run (an SFT model) and preference pairs (a data run's ``data/prefs.jsonl`` or a
@@ -92,6 +92,10 @@ def check_loss_types(trainer) -> None:
     """Every name in ``trainer.loss_type`` is a TRL loss, with the settings that loss needs."""
     known = dpo_loss_types()
     names = trainer.loss_type
+    if isinstance(names, str):
+        names = [names]
+    if not isinstance(names, (list, tuple)) or not all(isinstance(name, str) for name in names):
+        raise RecipeError(f"trainer.loss_type must be a loss name or a list of them (e.g. [sigmoid, sft]), got {names!r}")
     if not names:
         raise RecipeError(f"trainer.loss_type is empty (expected one or more of: {', '.join(known)})")
     for name in names:

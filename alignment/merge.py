@@ -29,6 +29,7 @@ import shutil
 from dataclasses import dataclass, field
 
 from smolforge.errors import RecipeError
+from smolforge.model_folder import check_model_folder
 from smolforge.recipe import build, to_dict
 from smolforge.runs import Run, Runs
 
@@ -111,6 +112,7 @@ def _shape(run: Run) -> dict:
     config = run.model_dir / "config.json"
     if not config.is_file():
         raise RecipeError(f"run '{run.name}' (stage {run.stage}) has no model/config.json; only model runs merge")
+    check_model_folder(run.model_dir, f"models: run '{run.name}'")
     try:
         values = json.loads(config.read_text())
     except ValueError as exc:

@@ -26,14 +26,45 @@ def register_engine() -> None:
 
 
 def prepare() -> None:
-    """Migrate the database to head, then create the owner ``argilla`` (API key and password from the
-    environment: ``SMOLFORGE_ARGILLA_OWNER_KEY``, ``SMOLFORGE_ARGILLA_OWNER_PASSWORD``) if missing."""
+    """Migrate the database to head, then create the owner ``argilla`` or give it the API key and
+    password from the environment (``SMOLFORGE_ARGILLA_OWNER_KEY``, ``SMOLFORGE_ARGILLA_OWNER_PASSWORD``).
+    With ``SMOLFORGE_ARGILLA_NETWORK=1`` (a non-loopback bind) a user still on the demo key or
+    password stops the start (exit 3, the usernames on stderr)."""
     import asyncio
     from argilla_server.cli.database.migrate import migrate_db
     from argilla_server.cli.database.users.create_default import _create_default
     migrate_db(revision="head")
-    asyncio.run(_create_default(os.environ.pop("SMOLFORGE_ARGILLA_OWNER_KEY"),
-                                os.environ.pop("SMOLFORGE_ARGILLA_OWNER_PASSWORD"), quiet=True))
+    key, password = os.environ.pop("SMOLFORGE_ARGILLA_OWNER_KEY"), os.environ.pop("SMOLFORGE_ARGILLA_OWNER_PASSWORD")
+    network = os.environ.pop("SMOLFORGE_ARGILLA_NETWORK", "") == "1"
+    asyncio.run(_owner(_create_default, key, password, network))   # one event loop: asyncpg's pool is bound to it
+
+
+async def _owner(create_default, key: str, password: str, network: bool) -> None:
+    from argilla_server.database import async_engine
+
+    try:
+        await create_default(key, password, quiet=True)
+        await _apply_owner(key, password, network=network)
+    finally:
+        await async_engine.dispose()   # the server's own event loop opens fresh connections
+
+
+async def _apply_owner(key: str, password: str, *, network: bool) -> None:
+    from argilla_server.constants import DEFAULT_API_KEY, DEFAULT_PASSWORD, DEFAULT_USERNAME
+    from argilla_server.contexts import accounts
+    from argilla_server.database import AsyncSessionLocal
+
+    async with AsyncSessionLocal() as session:
+        owner = await accounts.get_user_by_username(session, DEFAULT_USERNAME)
+        if owner.api_key != key or not accounts.verify_password(password, owner.password_hash):
+            await owner.update(session, api_key=key, password_hash=accounts.hash_password(password))
+        if network:
+            weak = [user.username for user in await accounts.list_users(session)
+                    if user.api_key == DEFAULT_API_KEY or accounts.verify_password(DEFAULT_PASSWORD, user.password_hash)]
+            if weak:
+                print(f"refusing to serve on a network address: users {', '.join(sorted(weak))} still have the demo "
+                      "API key or password; remove them (smolforge annotate users remove NAME)", file=sys.stderr)
+                sys.exit(3)
 
 
 def main() -> None:

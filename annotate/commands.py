@@ -9,25 +9,64 @@ pipeline step (no verb: push, wait for the answers, pull).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 
 from smolforge.commands import Commands, Context, run_stage
+from smolforge.errors import RecipeError
 
 
 def _arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("verb", nargs="?", choices=["serve", "push", "status", "pull"],
+    parser.add_argument("verb", nargs="?", choices=["serve", "push", "status", "pull", "users", "backup", "restore"],
                         help="serve: run the embedded Argilla; push: generate and push records; status: progress "
-                        "per annotator; pull: submitted answers → a preference run; none: push, wait, pull")
-    parser.add_argument("--home", metavar="DIR", help="serve: the embedded server's folder (default <runs>/.argilla)")
+                        "per annotator; pull: submitted answers → a preference run; users: add NAME | list | "
+                        "remove NAME (annotator accounts); backup FILE / restore FILE: the annotation database; "
+                        "none: push, wait, pull")
+    parser.add_argument("words", nargs="*", metavar="ARG",
+                        help="users: add NAME | list | remove NAME; backup, restore: FILE")
+    parser.add_argument("--database", metavar="URL",
+                        help="serve, backup, restore: PostgreSQL instead of the home's SQLite "
+                        "(default $ARGILLA_DATABASE_URL; put a password there, not on the command line)")
+    parser.add_argument("--home", metavar="DIR",
+                        help="serve, users: the embedded server's folder (default <runs>/.argilla)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="serve: address to bind (default 127.0.0.1; any other needs real credentials, generated "
+                        "on the first start unless ARGILLA_API_KEY/ARGILLA_PASSWORD are set)")
     parser.add_argument("--port", type=int, help="serve: port (default: a free one)")
+    parser.add_argument("--role", default="annotator", help="users add: annotator (default) or admin")
+    parser.add_argument("--workspace", help="users add: workspace to join (default argilla); other verbs: the "
+                        "recipe's workspace")
 
 
 def _annotate(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
-    if args.verb == "serve":
-        from pathlib import Path
+    from pathlib import Path
 
+    home = Path(args.home).expanduser() if args.home else ctx.root / ".argilla"
+    if args.words and args.verb not in ("users", "backup", "restore"):
+        raise RecipeError(f"annotate {args.verb or ''}: unexpected argument(s) {' '.join(args.words)}")
+    database = args.database or os.environ.get("ARGILLA_DATABASE_URL") or None
+    if args.verb == "serve":
         from .server import serve
 
-        return serve(Path(args.home) if args.home else ctx.root / ".argilla", port=args.port)
+        return serve(home, port=args.port, host=args.host, database_url=database)
+    if args.verb in ("backup", "restore"):
+        from . import backup as backups
+        from .server import database_url_for
+
+        if len(args.words) != 1:
+            raise RecipeError(f"usage: smolforge annotate {args.verb} FILE [--home DIR] [--database URL]")
+        url = database_url_for(database)       # checks the URL's form
+        if args.verb == "backup":
+            print(json.dumps(backups.backup(home, Path(args.words[0]), database_url=url)))
+        else:
+            print(json.dumps(backups.restore(Path(args.words[0]), home, database_url=url)))
+        return 0
+    if args.verb == "users":
+        from .users import users_command
+
+        return users_command(home, args.words, role=args.role, workspace=args.workspace or "argilla")
+    if args.workspace is not None:   # for push/pull/status, a recipe override like any other --key value
+        extras = [*extras, "--workspace", args.workspace]
     if args.verb == "push":
         run_stage(args, extras, ctx, action=lambda module, recipe, runs: module.push_only(recipe, runs) and None)
     elif args.verb == "status":

@@ -168,7 +168,7 @@ def home_of(recipe: Recipe, runs: Runs) -> Path:
 @contextlib.contextmanager
 def argilla(recipe: Recipe, runs: Runs) -> Iterator[tuple[str, str]]:
     """``(url, api_key)`` of the server to use; an embedded one is started (and stopped) when none runs."""
-    from .server import DEMO_API_KEY, ArgillaServer, running_url
+    from .server import ArgillaServer, owner_api_key, running_url
 
     if recipe.url is not None:
         yield recipe.url.rstrip("/"), os.environ["ARGILLA_API_KEY"]
@@ -177,7 +177,7 @@ def argilla(recipe: Recipe, runs: Runs) -> Iterator[tuple[str, str]]:
     url = running_url(home)
     if url is not None:
         log.info("annotate: using the Argilla server at %s (%s)", url, home)
-        yield url, os.environ.get("ARGILLA_API_KEY") or DEMO_API_KEY
+        yield url, owner_api_key(home)
         return
     print(f"starting the embedded Argilla server in {home} …", file=sys.stderr, flush=True)
     with ArgillaServer(home) as server:

@@ -7,7 +7,8 @@
 For each kind of data (``pretrain`` text, ``sft`` chat, ``prefs`` preference pairs, ``prompts``
 for online RL with the answers verifiers check) rows come
 from the recipe's ``sources:`` (JSONL, Parquet, CSV, text folders, `datasets` datasets; see
-:mod:`smolforge.data.sources`) or, where a kind has none, from the synthetic world of the embedded default.
+:mod:`smolforge.data.sources`) or from the synthetic world of the embedded default: every kind when the
+recipe names no sources, else only the kinds ``world.kinds`` lists (the command says which; other kinds stay empty).
 Then, streaming:
 
 1. every row is validated (``on_error: fail`` stops at the first bad row naming file, row and
@@ -35,6 +36,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,7 +65,8 @@ class WorldSpec:
     long_doc_words: int = 600      # words per long document (≈ 1.5 tokens a word with the demo tokenizer)
     reasoning: bool = False        # dual-mode SFT: multi-step sums with /think traces and /no_think answers
     safety: bool = False           # harmful requests with refusals, edgy-but-benign ones with answers (SFT, and
-                                   # a fifth more preference pairs); the red-team suite stays held out
+                                   # half as many preference pairs again); the red-team suite stays held out
+    kinds: list | None = None      # kinds the world fills; unset: all of them when sources: is empty, else none
 
 
 @dataclass
@@ -116,7 +119,7 @@ class Recipe:
     progress: bool = True          # progress bars on stderr
     executor: str = "inline"       # inline: one process pool; local | slurm: a datatrove pipeline (docs/data.md)
     tasks: int = 1                 # datatrove tasks: each kind is split into this many parts (local, slurm)
-    workers: int = 1               # datatrove tasks running at once (local: processes; slurm: -1 = no limit)
+    workers: int = field(default=1, metadata={"negative": True})   # datatrove tasks at once (local: processes; slurm: -1 = no limit)
     logging_dir: str = "datatrove/logs"   # datatrove's logs, stats and Slurm output, inside the run folder
     slurm: SlurmSpec = field(default_factory=SlurmSpec)   # executor: slurm only
 
@@ -260,16 +263,46 @@ def _venv_activate(venv: str | None) -> str | None:
     return str(path.resolve()) if path.is_file() else None
 
 
+def world_kinds(recipe: Recipe, sources: dict[str, list[Source]]) -> list[str]:
+    """The kinds the synthetic world fills: ``world.kinds``, else every kind when the recipe names no
+    sources, else none (a recipe with real documents never gets toy-world rows by surprise).
+
+    >>> world_kinds(Recipe(), {}), world_kinds(Recipe(sources={"pretrain": "docs/"}), {"pretrain": []})
+    (['pretrain', 'sft', 'prefs', 'prompts'], [])
+    >>> world_kinds(Recipe(world=WorldSpec(kinds=["sft", "prompt"])), {})
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: world.kinds: unknown kind 'prompt' (did you mean 'prompts'?); expected pretrain, sft, prefs, prompts
+    """
+    asked = recipe.world.kinds
+    if asked is None:
+        return [] if sources else list(KINDS)
+    if not isinstance(asked, list) or not all(isinstance(kind, str) for kind in asked):
+        raise RecipeError(f"world.kinds: expected a list of kinds ({', '.join(KINDS)}), got {asked!r}")
+    for kind in asked:
+        if kind not in KINDS:
+            close = difflib.get_close_matches(kind, list(KINDS), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            raise RecipeError(f"world.kinds: unknown kind '{kind}'{hint}; expected {', '.join(KINDS)}")
+        if kind in sources:
+            raise RecipeError(f"world.kinds: '{kind}' has sources too (sources.{kind}); a kind comes from one or the "
+                              "other")
+    return [kind for kind in KINDS if kind in asked]
+
+
 def known_domains(recipe: Recipe, sources: dict[str, list[Source]]) -> set[str] | None:
     """Pretraining domains knowable before reading rows (None when rows may carry their own)."""
     if "pretrain" not in sources:
-        return {"facts", "math"}
+        if "pretrain" not in world_kinds(recipe, sources):
+            return set()
+        return {"facts", "math"} | ({"long"} if recipe.world.long_docs else set())
     stamped = [s.domain for s in sources["pretrain"]]
     return set(stamped) if all(stamped) else None
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
     """Every check that can fail before a run folder exists, including every source row."""
+    parse_sources(recipe)          # the recipe's own shape first, before a tokenizer is looked up
     _check_numbers(recipe)
     QualityFilter(recipe.filters)
     if recipe.executor != "inline":
@@ -280,6 +313,10 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     if recipe.executor == "slurm":
         _slurm_ready(recipe)
     sources = parse_sources(recipe)
+    filled = set(sources) | set(world_kinds(recipe, sources))
+    if recipe.tokenizer.path is None and not filled & {"pretrain", "sft"}:
+        raise RecipeError("tokenizer: nothing to train it on (no pretrain or sft rows: give sources for one, add it "
+                          "to world.kinds, or set tokenizer.path)")
     if recipe.decontaminate.enabled:
         suites_to_check(recipe.decontaminate)
     check_mixture(recipe.mixture, known_domains(recipe, sources))
@@ -318,7 +355,9 @@ def check_mixture(phases: list, domains: set[str] | None) -> list[dict]:
 
 
 def _rows_of(kind: str, recipe: Recipe, sources: dict[str, list[Source]], bad: BadRows, labels: list):
-    """``(where, row)`` for a kind: its sources in order, or the synthetic world."""
+    """``(where, row)`` for a kind: its sources in order, the synthetic world, or nothing."""
+    if kind not in sources and kind not in world_kinds(recipe, sources):
+        return
     if kind in sources:
         for source in sources[kind]:
             entry = {"source": source_label(source), "format": "+".join(source_formats(source)), "rows": 0}
@@ -334,7 +373,7 @@ def _rows_of(kind: str, recipe: Recipe, sources: dict[str, list[Source]], bad: B
                  "sft": lambda: (world.sft_conversations(reasoning=spec.reasoning)
                                  + (safety_conversations() if spec.safety else [])),
                  "prefs": lambda: (world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2)
-                                   + (safety_pairs(spec.preference_pairs // 5, seed=spec.seed + 6) if spec.safety
+                                   + (safety_pairs(spec.preference_pairs // 2, seed=spec.seed + 6) if spec.safety
                                       else [])),
                  "prompts": world.rl_prompts}[kind]()
     labels.append({"source": f"synthetic world (seed {spec.seed}, {spec.entities} entities)",
@@ -354,9 +393,16 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     suites = suites_to_check(recipe.decontaminate) if recipe.decontaminate.enabled else {}
     index = (EvalIndex.from_suites(list(suites.values()), n=recipe.decontaminate.ngram,
                                    min_words=recipe.decontaminate.min_words) if suites else None)
+    from_world = world_kinds(recipe, sources)
+    empty = [kind for kind in KINDS if kind not in sources and kind not in from_world]
+    print(f"data {recipe.name}: " + "; ".join(part for part in (
+        f"from sources: {', '.join(sources)}" if sources else "",
+        f"from the embedded synthetic world: {', '.join(from_world)}" if from_world else "",
+        f"left empty: {', '.join(empty)} (world.kinds fills them from the synthetic world)" if empty else "") if part),
+        file=sys.stderr, flush=True)
     with runs.start("data", recipe.name, to_dict(recipe), overwrite=overwrite) as run:
         reports = run.path / "reports"
-        card: dict = {"name": recipe.name, "on_error": recipe.on_error, "kinds": {},
+        card: dict = {"name": recipe.name, "on_error": recipe.on_error, "kinds": {}, "world_kinds": from_world,
                       "decontamination_suites": {n: str(p) for n, p in suites.items()}}
         bad_rows: dict[str, BadRows] = {kind: BadRows() for kind in KINDS}
         labels: dict[str, list[dict]] = {kind: [] for kind in KINDS}

@@ -28,6 +28,7 @@ from pathlib import Path
 from dataclasses import dataclass, field
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.model_folder import check_model_folder
 from smolforge.runs import Run, Runs, atomic_writer, write_json_atomic
 from smolforge.table import render_table
 
@@ -73,6 +74,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     target = runs.get(recipe.run)
     if not (target.model_dir / "config.json").is_file():
         raise RunError(f"run '{target.name}' (stage {target.stage}) has no model/ to evaluate")
+    check_model_folder(target.model_dir, f"run '{target.name}'")
     for field_name in ("backend", "parity"):
         value = getattr(recipe, field_name)
         if value is not None and value not in BACKENDS:

@@ -20,13 +20,19 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, metavar="N", help="context length (default: the model's)")
     p.add_argument("--ready-timeout", type=float, default=300.0, metavar="S",
                    help="seconds to wait for the server to answer /health (default 300)")
+    p.add_argument("--api-key-file", metavar="FILE",
+                   help="file whose first line is the API key clients must send (or set SMOLFORGE_SERVE_API_KEY); "
+                        "required for a --host other than loopback")
+    p.add_argument("--insecure", action="store_true",
+                   help="allow a non-loopback --host without an API key (anyone on the network can use it)")
 
 
 def _serve(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
     from .serve import serve
 
     return serve(ctx.runs, args.run, host=args.host, port=args.port, name=args.name,
-                 max_model_len=args.max_model_len, ready_timeout=args.ready_timeout, extra_args=args.passthrough)
+                 max_model_len=args.max_model_len, ready_timeout=args.ready_timeout, extra_args=args.passthrough,
+                 api_key_file=args.api_key_file, insecure=args.insecure)
 
 
 def register(cli: Commands) -> None:
@@ -37,4 +43,5 @@ def register(cli: Commands) -> None:
              "Options after '--' go to vLLM's server unchanged.",
              examples=["smolforge serve sft-demo",
                        "smolforge serve dpo-demo --port 8000 --name dpo --max-model-len 512",
-                       "smolforge serve dpo-demo -- --max-num-seqs 8"])
+                       "smolforge serve dpo-demo -- --max-num-seqs 8",
+                       "SMOLFORGE_SERVE_API_KEY=$(cat ~/.serve-key) smolforge serve dpo-demo --host 0.0.0.0"])

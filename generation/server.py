@@ -65,6 +65,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from smolforge.access import local_address
 from smolforge.errors import ServiceError
 from smolforge.processes import free_port, http_ok, log_tail, port_taken, stop_group, wait_until_ready
 
@@ -80,6 +81,7 @@ CPU_LAUNCHER = "smolforge.generation.server"           # this module's launcher 
 def server_env(base: dict[str, str] | None = None, *, dev_mode: bool = False, cpu: bool | None = None) -> dict:
     """The environment for the server process: the caller's, plus the CPU build's needs where unset."""
     env = dict(os.environ if base is None else base)
+    env.pop("VLLM_API_KEY", None)   # a key only where the caller gives one (VLLMServer's api_key)
     env.setdefault("HF_HUB_OFFLINE", "1")
     if cpu if cpu is not None else not cuda_present():
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -114,7 +116,7 @@ class VLLMServer:
     def __init__(self, model_dir: str | Path, *, served_name: str = "model", host: str = "127.0.0.1",
                  port: int | None = None, max_model_len: int | None = None, dev_mode: bool = False,
                  log_path: str | Path | None = None, ready_timeout: float = 300.0,
-                 gpu_memory_utilization: float | None = None,
+                 gpu_memory_utilization: float | None = None, api_key: str | None = None,
                  extra_args: list[str] | tuple[str, ...] = ()) -> None:
         self.model_dir = Path(model_dir)
         self.served_name = served_name
@@ -127,12 +129,14 @@ class VLLMServer:
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args)
+        self.api_key = api_key       # vLLM's own check on /v1 (through VLLM_API_KEY, not the command line)
         self.process: subprocess.Popen | None = None
         self.ready_s: float | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        """Where this machine reaches the server (loopback when it binds a wildcard address)."""
+        return f"http://{local_address(self.host)}:{self.port}"
 
     def command(self, *, cpu: bool | None = None) -> list[str]:
         """The server's command line: vLLM's module on a GPU, :func:`serve_cpu` (same arguments) on CPU."""
@@ -160,8 +164,11 @@ class VLLMServer:
         for attempt in range(3):
             log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
             with open(self.log_path, "ab") as log_file:
+                env = server_env(dev_mode=self.dev_mode)
+                if self.api_key:
+                    env["VLLM_API_KEY"] = self.api_key
                 self.process = subprocess.Popen(self.command(), stdout=log_file, stderr=subprocess.STDOUT,
-                                                env=server_env(dev_mode=self.dev_mode), start_new_session=True)
+                                                env=env, start_new_session=True)
             try:
                 self.wait_ready(started)
                 break

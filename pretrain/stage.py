@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smolforge.errors import Preempted, RecipeError, RunError
+from smolforge.model_folder import check_model_folder
 from smolforge.profiling import ProfileSpec, StepProfiler, check_profile
 from smolforge.recipe import build, to_dict
 from smolforge.runs import Run, Runs
@@ -194,6 +195,7 @@ def check_init(recipe: Recipe, runs: Runs, data_run: Run) -> int:
     parent = runs.get(recipe.init)
     if not (parent.model_dir / "config.json").is_file():
         raise RecipeError(f"init: run '{parent.name}' (stage {parent.stage}) has no model/ to continue from")
+    check_model_folder(parent.model_dir, f"init: run '{parent.name}'", tokenizer=False)
     try:
         config = AutoConfig.from_pretrained(parent.model_dir)
     except (OSError, ValueError) as exc:

@@ -192,7 +192,12 @@ def run_stage(args: argparse.Namespace, extras: list[str], ctx: Context, *,
     if action is not None:
         run = action(module, recipe, runs)
     else:
-        module.validate(recipe, runs)
+        try:
+            module.validate(recipe, runs)
+        except RecipeError as err:   # a stage's own check: say which recipe file it is about
+            if args.config and not str(err).startswith(source):
+                raise RecipeError(f"{source}: {err}") from None
+            raise
         run = module.run(recipe, runs, overwrite=args.overwrite)
     if run is not None and args.result_json and main:
         write_json_atomic(args.result_json, {"name": run.name, "path": str(run.path), "status": run.status})

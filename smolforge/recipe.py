@@ -291,7 +291,8 @@ def build(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -> 
     hints = _type_hints(cls)
     kwargs: dict[str, Any] = {}
     for key, value in data.items():
-        kwargs[key] = _build_value(fields[key], hints.get(key, Any), value, source, prefix)
+        kwargs[key] = _build_value(fields[key], hints.get(key, Any), value, source, prefix,
+                                   own=cls.__module__.startswith("smolforge"))
     try:
         return cls(**kwargs)
     except RecipeError:
@@ -301,7 +302,16 @@ def build(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -> 
         raise RecipeError(f"{source}: {where}{exc}") from None
 
 
-def _build_value(f: dataclasses.Field, ann: Any, value: Any, source: str, prefix: str) -> Any:
+def _negative_allowed(f: dataclasses.Field) -> bool:
+    """Counts, sizes, rates, seeds and thresholds are never negative. A field where a negative number
+    means something says so: smolforge's with ``field(metadata={"negative": True})``, a library's
+    (TrainingArguments' ``max_steps=-1``) with a negative default."""
+    default = f.default if f.default is not dataclasses.MISSING else None
+    return bool(f.metadata.get("negative")) or (isinstance(default, (int, float)) and not isinstance(default, bool)
+                                                 and default < 0)
+
+
+def _build_value(f: dataclasses.Field, ann: Any, value: Any, source: str, prefix: str, own: bool = True) -> Any:
     where = f"{source}: '{prefix}{f.name}'"
     sub, optional = _dataclass_of(ann)
     if sub is not None:
@@ -320,7 +330,25 @@ def _build_value(f: dataclasses.Field, ann: Any, value: Any, source: str, prefix
             if optional or f.default is None:
                 return None
             raise RecipeError(f"{where} must be {_SCALAR_NAMES[inner]}, got null")
-        return _check_scalar(value, inner, where)
+        value = _check_scalar(value, inner, where)
+        if inner in (int, float) and value < 0 and not _negative_allowed(f):
+            raise RecipeError(f"{source}: {prefix}{f.name} must be >= 0, got {value!r}")
+        return value
+    if value is None:
+        return value
+    container = typing.get_origin(inner) or inner
+    if container is list and not (isinstance(value, (list, tuple)) or (isinstance(value, str) and not own)):
+        raise RecipeError(f"{where} must be a list, got {value!r}")   # a library config may take one name
+    if container is dict and not isinstance(value, Mapping):
+        raise RecipeError(f"{where} must be a mapping of keys, got {value!r}")
+    if inner is None:                                   # a union of several types, e.g. dict | str
+        allowed = [typing.get_origin(a) or a for a in typing.get_args(ann) if a is not type(None)]
+        names = {dict: "a mapping", str: "a string", list: "a list", int: "an int", float: "a float",
+                 bool: "a boolean"}
+        if allowed and all(a in names for a in allowed) and not any(
+                isinstance(value, Mapping if a is dict else a) and not (a in (int, float) and isinstance(value, bool))
+                for a in allowed):
+            raise RecipeError(f"{where} must be {' or '.join(names[a] for a in allowed)}, got {value!r}")
     return value
 
 

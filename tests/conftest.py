@@ -215,7 +215,8 @@ def pytest_collection_modifyitems(items):
 
 
 # Files that share a session server go to one worker (else each worker would start its own).
-ONE_WORKER = {"test_annotate_server.py": "argilla-server", "test_annotate_ui.py": "argilla-server"}
+ONE_WORKER = {"test_annotate_server.py": "argilla-server", "test_annotate_ui.py": "argilla-server",
+              "test_annotate_postgres.py": "argilla-server"}
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -233,15 +234,35 @@ def pytest_xdist_make_scheduler(config, log):
 
 
 @pytest.fixture(scope="session")
-def argilla_server(tmp_path_factory):
+def argilla_server(tmp_path_factory, request):
     """One embedded Argilla server for the files that only talk to it (:data:`ONE_WORKER`);
-    test_annotate_loop starts its own through ``smolforge annotate serve`` and restarts it."""
+    test_annotate_loop starts its own through ``smolforge annotate serve`` and restarts it.
+    It is set up as a team's server: bound to all interfaces (so it runs on generated owner
+    credentials; tests reach it through 127.0.0.1, ``server.url``) and on PostgreSQL (the session's
+    ``postgres`` cluster; SQLite where PostgreSQL is not installed)."""
+    from postgres_cluster import postgres_available
+
     from smolforge.annotate.server import ArgillaServer
 
-    server = ArgillaServer(tmp_path_factory.mktemp("argilla-home")).start()
+    database = None
+    if postgres_available() is None:
+        database = request.getfixturevalue("postgres").create_database("argilla")
+    server = ArgillaServer(tmp_path_factory.mktemp("argilla-home"), host="0.0.0.0", database_url=database).start()
     print(f"\nArgilla cold start: {server.ready_s:.1f} s")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A private PostgreSQL cluster on 127.0.0.1 for the session (tests/postgres_cluster.py)."""
+    from postgres_cluster import postgres_available, postgres_cluster
+
+    missing = postgres_available()
+    if missing:
+        pytest.skip(missing)
+    with postgres_cluster() as cluster:
+        yield cluster
 
 
 # A real one-machine Slurm cluster (tests/slurm_cluster.py), started once per session (per

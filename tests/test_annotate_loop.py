@@ -11,8 +11,11 @@ import os
 import re
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
+import threading
+from contextlib import closing
 
 import pytest
 
@@ -122,9 +125,10 @@ def snapshot(loop, min_votes):
     return rows, report
 
 
-def restart(loop, kill_server: bool) -> None:
+def restart(loop, kill_server: bool, restore_from=None) -> None:
     """Stop ``annotate serve`` (SIGTERM), or SIGKILL its argilla-server process (the supervisor notices
-    and exits); either way no process of it (redis, server, worker) and no scratch folder is left."""
+    and exits); either way no process of it (redis, server, worker) and no scratch folder is left.
+    With ``restore_from`` (a backup file) the server comes back on a fresh home restored from it."""
     import psutil
 
     home = loop["runs"].root / ".argilla"
@@ -138,6 +142,10 @@ def restart(loop, kill_server: bool) -> None:
     gone, alive = psutil.wait_procs(spawned, timeout=10)
     assert not alive, alive
     assert running_url(home) is None and not (home / SERVER_FILE).exists() and not (home / "tmp").exists()
+    if restore_from is not None:
+        shutil.rmtree(home)                                           # a fresh home: nothing but the restore
+        assert cli(loop, "restore", str(restore_from))[0] == 0
+        assert sorted(p.name for p in home.iterdir()) == ["argilla.db"]
     loop["proc"], loop["url"] = start_serve(loop["runs"].root)
 
 
@@ -152,11 +160,25 @@ def test_two_annotators_survive_restarts_and_pull_into_pairs_with_agreement(loop
         record["index"] = i
     (first, key_1), (second, key_2) = scripted_users(loop["url"], KEY, "argilla", 2)
 
-    counts = answer_all(loop["url"], key_1, records, decider(0))
+    backups = loop["runs"].root.parent / "backups"
+    during = backups / "during.db"
+    counts: dict = {}
+    submitting = threading.Thread(target=lambda: counts.update(answer_all(loop["url"], key_1, records, decider(0))))
+    submitting.start()
+    try:
+        assert cli(loop, "backup", str(during))[0] == 0               # SQLite's online backup, mid-submission
+    finally:
+        submitting.join(timeout=300)
     assert (counts["submitted"], counts["discarded"]) == (N - 1, 1)
+    with closing(sqlite3.connect(during)) as copy:                   # a consistent snapshot: whole rows only
+        assert copy.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        assert 0 <= copy.execute("select count(*) from responses").fetchone()[0] <= N
     before = snapshot(loop, min_votes=1)
-    restart(loop, kill_server=False)
-    assert snapshot(loop, min_votes=1) == before
+    after = backups / "after.db"
+    assert cli(loop, "backup", str(after))[0] == 0
+    assert cli(loop, "backup", str(after))[0] == 2                    # never overwrites a backup
+    restart(loop, kill_server=False, restore_from=after)
+    assert snapshot(loop, min_votes=1) == before                      # the restored home pulls the same
 
     counts = answer_all(loop["url"], key_2, records, decider(1))
     assert (counts["submitted"], counts["discarded"], counts["skipped"]) == (N - 2, 1, 1)

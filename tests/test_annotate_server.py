@@ -205,3 +205,62 @@ def test_search_engine_doctests_in_the_argilla_venv(tmp_path):
                            str(REPO / "annotate" / "search_engine.py")], env=env, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     assert "0 failed" in done.stdout
+
+
+def test_a_network_server_runs_on_generated_owner_credentials_and_refuses_the_demo_ones(live):
+    from smolforge.annotate.server import DEMO_API_KEY, DEMO_PASSWORD, OWNER_FILE
+
+    import httpx
+
+    assert live.host == "0.0.0.0" and live.url.startswith("http://127.0.0.1:")
+    stored = live.home / OWNER_FILE
+    assert oct(stored.stat().st_mode & 0o777) == "0o600"
+    assert live.api_key != DEMO_API_KEY and len(live.api_key) >= 32 and live.password != DEMO_PASSWORD
+    with pytest.raises(ServiceError, match="rejected the API key"):
+        connect(live.url, DEMO_API_KEY)
+    login = f"{live.url}/api/v1/token"          # the UI's sign-in
+    assert httpx.post(login, data={"username": "argilla", "password": DEMO_PASSWORD}).status_code == 401
+    assert httpx.post(login, data={"username": "argilla", "password": live.password}).status_code == 201
+    for log in (live.home / "logs").glob("*.log"):                  # generated secrets are never logged
+        assert live.password not in log.read_text(errors="replace"), log
+
+
+@pytest.mark.parametrize("env", [{"ARGILLA_API_KEY": "argilla.apikey"}, {"ARGILLA_PASSWORD": "12345678"},
+                                 {"ARGILLA_API_KEY": "short-key", "ARGILLA_PASSWORD": "a-long-enough-password"}])
+def test_annotate_serve_on_a_network_address_refuses_demo_or_weak_credentials(env, tmp_path, monkeypatch, capsys):
+    from smolforge.cli import main
+
+    for name in ("ARGILLA_API_KEY", "ARGILLA_PASSWORD"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    home = tmp_path / "home"
+    assert main(["annotate", "serve", "--host", "0.0.0.0", "--home", str(home)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "annotate serve --host 0.0.0.0:" in err and "Traceback" not in err, err
+    assert not home.exists()                                        # refused before anything started
+
+
+def test_users_add_list_remove_through_the_cli(live, capsys):
+    import httpx
+
+    from smolforge.cli import main
+
+    home = ["--home", str(live.home)]
+    assert main(["annotate", "users", "add", "carol", *home]) == 0
+    out = capsys.readouterr().out
+    password = out.rsplit("password (shown only now): ", 1)[1].strip()
+    assert len(password) >= 16
+    login = f"{live.url}/api/v1/token"          # the UI's sign-in
+    assert httpx.post(login, data={"username": "carol", "password": password}).status_code == 201
+    assert main(["annotate", "users", "list", *home]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert ["carol", "annotator", "argilla"] in rows and any(row[:2] == ["argilla", "owner"] for row in rows)
+    assert main(["annotate", "users", "add", "carol", *home]) == 2             # exists: a clear error
+    assert "user 'carol' already exists" in capsys.readouterr().err
+    assert main(["annotate", "users", "add", "Carol Smith", *home]) == 2
+    assert main(["annotate", "users", "remove", "carol", *home]) == 0
+    assert httpx.post(login, data={"username": "carol", "password": password}).status_code == 401
+    assert main(["annotate", "users", "remove", "argilla", *home]) == 2
+    for log in (live.home / "logs").glob("*.log"):
+        assert password not in log.read_text(errors="replace"), log

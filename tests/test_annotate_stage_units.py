@@ -128,7 +128,7 @@ def test_validate_names_a_run_without_a_model_and_mixed_prompts(runs, data_run, 
 def test_cli_lists_the_annotate_verbs_and_reports_a_missing_server_install(capsys, monkeypatch, tmp_path, runs,
                                                                           sft_run, data_run):
     assert main(["annotate", "--help"]) == 0
-    assert "{serve,push,status,pull}" in capsys.readouterr().out
+    assert "{serve,push,status,pull,users,backup,restore}" in capsys.readouterr().out
     monkeypatch.setenv("SMOLFORGE_ARGILLA_VENV", str(tmp_path / "no-venv"))
     rc = main(["--runs-dir", str(runs.root), "annotate", "push", "--set", f"runs=[{sft_run.name}]",
                "--set", f"prompts={data_run.name}"])

@@ -20,6 +20,7 @@ import pytest
 
 from smolforge.annotate.records import GUIDELINES, LABEL_TEXT, build_record, build_settings, review_schema, to_record
 from smolforge.annotate.server import REPO, connect
+from smolforge.annotate.users import add_user
 
 rg = pytest.importorskip("argilla")
 sync_api = pytest.importorskip("playwright.sync_api")
@@ -33,7 +34,7 @@ ARTIFACTS = REPO / ".artifacts"
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run"]
 UI_TIMEOUT_MS = 20_000      # per step; a cold page load takes ≈1 s here
-ANNOTATOR, ANNOTATOR_PASSWORD = "ui-annotator", "ui-annotator-pass"
+ANNOTATOR = "ui-annotator"
 SAMPLING = {"temperature": 0.7}
 ITEMS = [("What is the capital of France?", "Paris.", "Lyon."),
          ("Name a primary colour.", "Red.", "Purple."),
@@ -48,18 +49,19 @@ def server(argilla_server):
 
 @pytest.fixture(scope="module")
 def review(server):
-    """``(dataset, annotator, records by id)``: a 2-response review dataset and an annotator in its workspace."""
+    """``(dataset, annotator, password, records by id)``: a 2-response review dataset and an annotator
+    account made as ``smolforge annotate users add`` makes it (on the session's server, bound to 0.0.0.0)."""
     client = connect(server.url, server.api_key)
     workspace = client.workspaces("argilla")
     if workspace is None:                       # create_default makes it with the owner; a server might not
         workspace = rg.Workspace(name="argilla", client=client).create()
-    annotator = rg.User(username=ANNOTATOR, password=ANNOTATOR_PASSWORD, role="annotator", client=client).create()
-    workspace.add_user(annotator)
+    password = add_user(client, ANNOTATOR)             # `smolforge annotate users add`: a generated password
+    annotator = client.users(ANNOTATOR)
     dataset = rg.Dataset(name="review-ui", workspace="argilla", client=client,
                          settings=build_settings(review_schema(2, sampling=SAMPLING))).create()
     items = [build_record(prompt, [a, b], ["run-a", "run-b"], SAMPLING) for prompt, a, b in ITEMS]
     dataset.records.log([to_record(item) for item in items])
-    return dataset, annotator, {item["id"]: item for item in items}
+    return dataset, annotator, password, {item["id"]: item for item in items}
 
 
 @contextlib.contextmanager
@@ -84,7 +86,7 @@ def answers(dataset) -> dict:
 
 
 def test_annotator_submits_a_preference_in_the_web_ui(server, review, tmp_path):
-    dataset, annotator, items = review
+    dataset, annotator, password, items = review
     for stale in ARTIFACTS.glob("annotate-ui-failure.*"):          # evidence belongs to the latest run
         stale.unlink()
     expect = sync_api.expect
@@ -100,7 +102,7 @@ def test_annotator_submits_a_preference_in_the_web_ui(server, review, tmp_path):
             with evidence_on_failure(page):
                 page.goto(server.url)
                 page.get_by_label("Username").fill(ANNOTATOR)
-                page.get_by_label("Password").fill(ANNOTATOR_PASSWORD)
+                page.get_by_label("Password").fill(password)
                 page.get_by_role("button", name="Sign in").click()
                 page.get_by_text("review-ui", exact=True).click()           # the dataset card on the home page
 

@@ -99,3 +99,66 @@ def test_cli_help_shows_a_runnable_example():
     proc = subprocess.run([sys.executable, "-m", "smolforge", "dpo", "--help"], capture_output=True, text=True,
                           cwd=REPO, timeout=60)
     assert proc.returncode == 0 and "smolforge dpo --config recipes/demo/dpo.yaml" in proc.stdout
+
+
+def _truncate(model):
+    weights = model / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    return "model.safetensors is truncated"
+
+
+def _bad_config(model):
+    (model / "config.json").write_text('{"model_type": "llama", "hidden_size": ')
+    return "config.json is not readable JSON"
+
+
+def _no_tokenizer(model):
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (model / name).unlink(missing_ok=True)
+    return "has no tokenizer"
+
+
+def _no_weights(model):
+    (model / "model.safetensors").unlink()
+    return "has no weights (no model.safetensors"
+
+
+@pytest.mark.parametrize("damage", [_truncate, _bad_config, _no_tokenizer, _no_weights])
+def test_a_broken_model_folder_is_named_before_any_command_loads_it(damage, tmp_path, sft_run, data_run, capsys):
+    """eval, serve and the alignment stages check model/ first: one line naming run and file, exit 2."""
+    import shutil
+
+    from smolforge.runs import Runs
+
+    runs = Runs(tmp_path / "runs")
+    shutil.copytree(sft_run.path, runs.root / "broken", ignore=shutil.ignore_patterns("checkpoints"))
+    info = runs.root / "broken" / "run.json"
+    info.write_text(json.dumps({**json.loads(info.read_text()), "name": "broken"}))
+    expected = damage(runs.root / "broken" / "model")
+    commands = {"eval": ["eval", "broken", "--suite", "embedded"],
+                "serve": ["serve", "broken"],
+                "sft": ["sft", "--config", str(DEMO / "sft.yaml"), "--set", "parent=broken",
+                        "--set", f"data={data_run.path}", "--set", "name=from-broken"],
+                "dpo": ["dpo", "--config", str(DEMO / "dpo.yaml"), "--set", "parent=broken",
+                        "--set", f"data={data_run.path}", "--set", "name=from-broken"]}
+    for command, args in commands.items():
+        assert cli(runs, *args) == 2, command
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and "'broken'" in lines[0] and expected in lines[0], (command, lines)
+        assert "Traceback" not in lines[0]
+    assert sorted(p.name for p in runs.root.iterdir()) == ["broken"]        # nothing half-written
+
+
+def test_an_unreadable_run_json_is_named_by_lineage_and_the_stages(tmp_path, sft_run, capsys):
+    import shutil
+
+    from smolforge.runs import Runs
+
+    runs = Runs(tmp_path / "runs")
+    shutil.copytree(sft_run.path, runs.root / "cut", ignore=shutil.ignore_patterns("checkpoints", "model"))
+    info = runs.root / "cut" / "run.json"
+    info.write_text(info.read_text()[:40])
+    for args in (["lineage", "cut"], ["eval", "cut", "--suite", "embedded"], ["serve", "cut"]):
+        assert cli(runs, *args) == 2
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+        assert len(lines) == 1 and f"{info}: cannot read run.json" in lines[0], (args, lines)

@@ -149,7 +149,8 @@ def test_a_bad_row_with_on_error_fail_stops_before_any_run_folder(tmp_path, caps
     sources = write_sources(tmp_path)
     recipe = tmp_path / "data.yaml"
     recipe.write_text((DEMO / "data.yaml").read_text().replace("sources: {}", f"sources:\n  prefs: {sources['prefs']}"))
-    code = main(["--runs-dir", str(tmp_path / "runs"), "data", "prepare", str(recipe), "--set", "name=data-bad"])
+    code = main(["--runs-dir", str(tmp_path / "runs"), "data", "prepare", str(recipe), "--set", "name=data-bad",
+                 "--set", "world.kinds=[pretrain, sft, prompts]"])
     err = capsys.readouterr().err
     assert code == 2
     assert f"{sources['prefs']} line 2" in err and "'chosen'" in err
@@ -203,3 +204,34 @@ def test_recipe_mistakes_are_caught_before_reading_data(tmp_path):
     for change, message in cases:
         with pytest.raises(RecipeError, match=re.escape(message)):
             data.validate(tiny_recipe("data", **change), runs)
+
+
+def test_the_synthetic_world_fills_only_the_kinds_asked_for_once_sources_are_given(tmp_path, capsys):
+    """A recipe with real documents for one kind gets no toy-world rows in the others unless
+    ``world.kinds`` asks, and the command says which kinds came from where."""
+    runs = Runs(tmp_path / "runs")
+    sources = write_sources(tmp_path)
+    only_sft = {"sft": sources["sft"]}
+    run = run_stage("data", runs, name="data-sft-only", sources=only_sft, on_error="skip")
+    err = capsys.readouterr().err
+    assert "data data-sft-only: from sources: sft; left empty: pretrain, prefs, prompts" in err
+    card = card_of(run)
+    assert card["world_kinds"] == [] and card["kinds"]["sft"]["rows_out"] == 2
+    assert {kind: card["kinds"][kind]["rows_out"] for kind in ("pretrain", "prefs", "prompts")} == \
+        {"pretrain": 0, "prefs": 0, "prompts": 0}
+
+    run = run_stage("data", runs, name="data-sft-and-world", sources=only_sft, on_error="skip",
+                    world={"kinds": ["prompts", "prefs"]})
+    assert "from the embedded synthetic world: prefs, prompts; left empty: pretrain" in capsys.readouterr().err
+    card = card_of(run)
+    assert card["world_kinds"] == ["prefs", "prompts"] and card["kinds"]["prompts"]["rows_out"] > 0
+    assert card["kinds"]["prefs"]["sources"][0]["format"] == "synthetic" and card["kinds"]["pretrain"]["rows_out"] == 0
+
+    module = load_stage("data")
+    for changes, message in [
+            ({"sources": only_sft, "world": {"kinds": ["sft"]}}, "world.kinds: 'sft' has sources too (sources.sft)"),
+            ({"world": {"kinds": ["prompt"]}}, "world.kinds: unknown kind 'prompt' (did you mean 'prompts'?)"),
+            ({"sources": {"prefs": sources["prefs"]}}, "tokenizer: nothing to train it on (no pretrain or sft rows")]:
+        with pytest.raises(RecipeError, match=re.escape(message)):
+            module.validate(tiny_recipe("data", name="data-bad-kinds", **changes), runs)
+    assert not (runs.root / "data-bad-kinds").exists()

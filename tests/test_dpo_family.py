@@ -46,7 +46,7 @@ def test_sigmoid_plus_sft_loss_adds_the_chosen_nll_and_raises_the_margin(dpo_run
 
 
 def test_ipo_loss_reaches_trl(runs, sft_run):
-    run = run_stage("dpo", runs, name="dpo-ipo", trainer={**FEW, "loss_type": "ipo", "beta": 0.25})
+    run = run_stage("dpo", runs, name="dpo-ipo", trainer={**FEW, "loss_type": "ipo", "loss_weights": None, "beta": 0.25})
     assert run.info["recipe"]["trainer"]["loss_type"] == ["ipo"]
     # IPO at step 1 (zero log-ratios): (0 - 1 / (2 beta))^2
     assert logged(run, "loss")[0] == pytest.approx((1 / (2 * 0.25)) ** 2, rel=1e-3)
@@ -88,7 +88,8 @@ def test_precomputed_reference_log_probs_load_no_reference_model(runs, sft_run, 
     monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained",
                         lambda path, *a, **k: (loads.append(str(path)), original(path, *a, **k))[1])
     run = run_stage("dpo", runs, name="dpo-precomputed",
-                    trainer={**FEW, "precompute_ref_log_probs": True, "loss_type": "sigmoid"})
+                    trainer={**FEW, "precompute_ref_log_probs": True, "loss_type": "sigmoid",
+                                             "loss_weights": None})
     assert loads == [str(sft_run.model_dir)]  # the policy only; TRL precomputes with it before step 1
     assert logged(run, "loss")[0] == pytest.approx(math.log(2), abs=1e-3)  # reference == untrained policy
     assert run.info["status"] == "done"
@@ -134,7 +135,7 @@ def test_unknown_loss_type_names_the_closest_trl_loss(runs, sft_run):
 
 
 def test_robust_loss_needs_a_flip_probability_below_one_half(runs, sft_run):
-    recipe = tiny_recipe("dpo", trainer={"loss_type": "robust", "label_smoothing": 0.6})
+    recipe = tiny_recipe("dpo", trainer={"loss_type": "robust", "loss_weights": None, "label_smoothing": 0.6})
     with pytest.raises(RecipeError, match=r"label_smoothing must be in \[0, 0.5\)"):
         load_stage("dpo").validate(recipe, runs)
 

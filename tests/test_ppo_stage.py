@@ -135,10 +135,10 @@ def test_mini_batch_size_must_divide_batch_size(runs, sft_run, data_run):
     ({"ppo": {"vllm_gpu_memory_utilization": 0}}, "between 0 and 1"),
 ])
 def test_bad_recipes_fail_before_any_work(runs, sft_run, data_run, changes, message):
-    recipe = ppo_recipe(**changes)
-    with pytest.raises(SmolforgeError, match=message):
+    with pytest.raises(SmolforgeError, match=message):     # when the recipe is built, or by validate
+        recipe = ppo_recipe(**changes)
         load_stage("ppo").validate(recipe, runs)
-    assert not (runs.root / recipe.name).exists()
+    assert not (runs.root / load_recipe(DEMO / "ppo.yaml")[1]["name"]).exists()
 
 
 def test_reward_returning_the_wrong_length_is_named(runs, sft_run, data_run):

@@ -188,11 +188,10 @@ def test_continued_pretraining_refuses_what_cannot_continue(runs, data_run, pret
         ({"context": {"rope_theta": 20000.0}}, "needs init"),
         ({"init": pretrain_run.name, "train": {"seq_len": 512}}, "exceeds the model's max_position_embeddings 128 "
                                                                   r"\(set context.max_position_embeddings"),
-        ({"init": pretrain_run.name, "context": {"rope_theta": -1.0}}, "context.rope_theta must be > 0"),
+        ({"init": pretrain_run.name, "context": {"rope_theta": -1.0}}, "context.rope_theta must be >= 0, got -1.0"),
     ]:
-        recipe = tiny_recipe("pretrain", name="pretrain-refused", **changes)
         with pytest.raises(RecipeError, match=message):
-            pretrain_stage.validate(recipe, runs)
+            pretrain_stage.validate(tiny_recipe("pretrain", name="pretrain-refused", **changes), runs)
     assert not (runs.root / "pretrain-refused").exists()
 
 

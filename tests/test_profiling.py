@@ -96,9 +96,8 @@ def test_a_bad_profile_setting_names_its_field(changes, field):
 def test_stages_refuse_a_bad_profile_before_any_run(runs, pretrain_run):
     for stage, changes in (("pretrain", {"train": {"max_steps": 4}, "profile": {"start": 3, "steps": 5}}),
                            ("sft", {"profile": {"steps": -1}})):
-        recipe = tiny_recipe(stage, name=f"{stage}-bad-profile", **changes)
-        with pytest.raises(RecipeError, match="profile"):
-            load_stage(stage).validate(recipe, runs)
+        with pytest.raises(RecipeError, match="profile"):      # -1: refused as the recipe is built
+            load_stage(stage).validate(tiny_recipe(stage, name=f"{stage}-bad-profile", **changes), runs)
         assert not (runs.root / f"{stage}-bad-profile").exists()
 
 

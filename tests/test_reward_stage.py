@@ -94,10 +94,12 @@ def test_lora_reward_model_is_merged_into_a_plain_model_with_its_adapter_kept(ru
     assert len(scorer(["Add 1 and 2."], ["1 plus 2 is 3."])) == 1
 
 
-@pytest.mark.parametrize("fraction", [0, 0.6, -0.1])
-def test_eval_fraction_outside_its_range_is_a_recipe_error(runs, sft_run, data_run, fraction):
-    recipe = reward_recipe(name="reward-bad", parent=sft_run.name, data=data_run.name, eval_fraction=fraction)
-    with pytest.raises(RecipeError, match=r"eval_fraction must be in \(0, 0.5\]"):
+@pytest.mark.parametrize("fraction, message", [(0, r"eval_fraction must be in \(0, 0.5\]"),
+                                               (0.6, r"eval_fraction must be in \(0, 0.5\]"),
+                                               (-0.1, r"eval_fraction must be >= 0, got -0.1")])
+def test_eval_fraction_outside_its_range_is_a_recipe_error(runs, sft_run, data_run, fraction, message):
+    with pytest.raises(RecipeError, match=message):
+        recipe = reward_recipe(name="reward-bad", parent=sft_run.name, data=data_run.name, eval_fraction=fraction)
         load_stage("reward").validate(recipe, runs)
     assert not (runs.root / "reward-bad").exists()
 

@@ -1,10 +1,10 @@
 """A red team that can fail: the world's safety data teaches refusals (the red-team suite stays held
 out), and the demo's DPO gate on attack success stops a DPO run trained on flipped safety pairs.
 
-The tiny test model is too small to tell harmful from edgy-but-benign requests: after SFT on the
-safety data it refuses nearly everything, the red-team suite's held-out jailbreaks included. That
-is enough to show the gate at work; the demo's own figures (attack success and over-refusal per
-stage) are in the README.
+The tiny test model is too small to tell harmful from edgy-but-benign requests (the demo's 0.9M
+model learns it: docs/embedded-default.md has its figures per stage). Fine-tuned on the world's
+refusals alone, it refuses nearly everything, the red-team suite's held-out jailbreaks included;
+that is enough to show the gate at work.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import json
 import pytest
 
 from conftest import DEMO, run_stage
-from smolforge.data.safety import HARMFUL, HARMFUL_FRAMES, REFUSALS, safety_pairs
+from smolforge.data.safety import HARMFUL, HARMFUL_FRAMES, REFUSALS, safety_conversations, safety_pairs
 from smolforge.gates import check_gates, failures
 from smolforge.pipeline import load_pipeline
 from smolforge.registry import suite_folders
@@ -27,11 +27,17 @@ def redteam(runs, name: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def safe_sft(runs):
-    """data (world + safety) → a 12-step base model on its tokenizer → 60 SFT steps; red-team scores."""
-    run_stage("data", runs, name="data-safety", world={"safety": True})
+def safe_sft(runs, tmp_path_factory):
+    """data (world + safety) → a 12-step base model on its tokenizer → 60 SFT steps on the refusals
+    (the same tokenizer); red-team scores."""
+    data = run_stage("data", runs, name="data-safety", world={"safety": True})
+    refusals = tmp_path_factory.mktemp("refusals") / "sft.jsonl"
+    refusals.write_text("".join(json.dumps(row) + "\n" for row in safety_conversations()
+                                if row["messages"][-1]["content"] in REFUSALS))
+    run_stage("data", runs, name="data-refusals", sources={"sft": str(refusals)},
+              world={"kinds": ["pretrain", "prefs", "prompts"]}, tokenizer={"path": str(data.path / "tokenizer")})
     run_stage("pretrain", runs, name="pretrain-safety", data="data-safety")
-    run = run_stage("sft", runs, name="sft-safety", parent="pretrain-safety", data="data-safety",
+    run = run_stage("sft", runs, name="sft-safety", parent="pretrain-safety", data="data-refusals",
                     trainer={"max_steps": 60, "learning_rate": 3e-3, "per_device_train_batch_size": 16})
     return run, redteam(runs, run.name)
 
@@ -56,7 +62,8 @@ def test_dpo_on_flipped_safety_pairs_fails_the_demos_attack_success_gate(runs, s
     assert all(pair["rejected"][0]["content"] in REFUSALS for pair in flipped)
     source = tmp_path / "flipped.jsonl"
     source.write_text("".join(json.dumps(pair) + "\n" for pair in flipped))
-    run_stage("data", runs, name="data-flipped", world={"safety": True}, sources={"prefs": str(source)})
+    run_stage("data", runs, name="data-flipped", world={"safety": True, "kinds": ["pretrain", "sft", "prompts"]},
+              sources={"prefs": str(source)})
     dpo = run_stage("dpo", runs, name="dpo-flipped", parent=sft.name, data="data-flipped",
                     trainer={"max_steps": 40, "learning_rate": 5e-3, "per_device_train_batch_size": 16})
     after = redteam(runs, dpo.name)
