@@ -203,16 +203,21 @@ def exit_code(report: dict) -> int:
 
 def launch(processes: int, options: Options) -> dict:
     """Run the ranks through torchrun on this machine; rank 0's report (a crash is an unhealthy report)."""
-    from smolforge.launchers import LaunchSpec, launch_command
+    from smolforge.launchers import LaunchSpec, launch_command, remove_shm_buffers
+    from smolforge.processes import free_port
 
     with tempfile.TemporaryDirectory(prefix="smolforge-burnin-") as folder:
         result = Path(folder) / "report.json"
+        port = free_port()
         cmd = launch_command(LaunchSpec(processes=processes, launcher="torchrun"),
-                             ["burnin", *options.to_args(), "--result-json", str(result)])
+                             ["burnin", *options.to_args(), "--result-json", str(result)], port=port)
         # torchrun gives each rank one compute thread; saying so keeps it from warning about it
         env = {"OMP_NUM_THREADS": "1", **os.environ}
         # the ranks' own output goes to stderr, so stdout holds only the report (--json)
-        done = subprocess.run(cmd, env=env, stdout=2, check=False)
+        try:
+            done = subprocess.run(cmd, env=env, stdout=2, check=False)
+        finally:
+            remove_shm_buffers(port)
         if result.is_file():
             return json.loads(result.read_text())
     problem = f"the {processes} ranks ended with exit code {done.returncode} before reporting (see the log above)"

@@ -88,6 +88,27 @@ def launch_command(spec: LaunchSpec, smolforge_args: Sequence[str], *, python: s
             "--main_process_ip", "127.0.0.1", "--main_process_port", str(port), *args]
 
 
+SHM_BUFFER = "deepspeed_allreduce_buffer"   # DeepSpeed's CPU all-reduce: /dev/shm/<this>_<uid>_<addr>_<port>_<rank>
+
+
+def remove_shm_buffers(port: int, addr: str = "127.0.0.1", shm: Path = Path("/dev/shm")) -> int:
+    """Unlink the shared-memory all-reduce buffers DeepSpeed's CPU backend made for the job whose
+    rendezvous was ``addr:port`` (69 MB a rank; DeepSpeed never unlinks them, and /dev/shm is RAM).
+    Call it once the job's processes have exited. Returns how many it removed.
+
+    >>> import tempfile
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> _ = (folder / f"{SHM_BUFFER}_{os.getuid()}_127.0.0.1_20025_0").write_bytes(b"x")
+    >>> remove_shm_buffers(20025, shm=folder), remove_shm_buffers(20025, shm=folder)
+    (1, 0)
+    """
+    removed = 0
+    for path in shm.glob(f"{SHM_BUFFER}_{os.getuid()}_{addr}_{port}_*"):
+        path.unlink(missing_ok=True)
+        removed += 1
+    return removed
+
+
 def launch_info() -> dict:
     """``{"train/processes": N, "train/launcher": name}`` for a process started by a launcher, else {}.
 

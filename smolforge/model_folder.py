@@ -16,7 +16,6 @@ or the shards of ``model.safetensors.index.json``) exists and is as long as its 
 from __future__ import annotations
 
 import json
-import struct
 from pathlib import Path
 
 from .errors import RunError
@@ -79,24 +78,11 @@ def check_safetensors(path: Path, where: str = "") -> None:
     >>> check_safetensors(broken, "run 'x': model/")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RunError: run 'x': model/ model.safetensors is truncated (1 bytes; not even its 8-byte header length)
+    smolforge.errors.RunError: run 'x': model/ .../model.safetensors: not a safetensors file (1 bytes)
     """
-    prefix = f"{where} " if where else ""
-    size = path.stat().st_size
-    if size < 8:
-        raise RunError(f"{prefix}{path.name} is truncated ({size} bytes; not even its 8-byte header length)")
-    with open(path, "rb") as handle:
-        (header_len,) = struct.unpack("<Q", handle.read(8))
-        if header_len > min(size - 8, 100_000_000):
-            raise RunError(f"{prefix}{path.name} is not a safetensors file or is truncated (header of {header_len} "
-                           f"bytes in a {size}-byte file)")
-        try:
-            header = json.loads(handle.read(header_len))
-        except ValueError as exc:
-            raise RunError(f"{prefix}{path.name} has an unreadable safetensors header ({exc})") from None
-    ends = [entry["data_offsets"][1] for name, entry in header.items()
-            if name != "__metadata__" and isinstance(entry, dict) and "data_offsets" in entry]
-    expected = 8 + header_len + (max(ends) if ends else 0)
-    if size < expected:
-        raise RunError(f"{prefix}{path.name} is truncated: {size} bytes, its header needs {expected} "
-                       "(an interrupted copy or download? copy it again)")
+    from .model_import import read_safetensors_header
+
+    try:
+        read_safetensors_header(path)
+    except RunError as err:
+        raise RunError(f"{where} {err}" if where else str(err)) from None

@@ -74,9 +74,9 @@ import yaml
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
-from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command
+from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command, remove_shm_buffers
 from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
-from smolforge.processes import exit_text, run_showing_output
+from smolforge.processes import exit_text, free_port, run_showing_output
 from smolforge.registry import EVAL_STAGE, MODEL_STAGES, commands, stages, unknown_stage_message
 
 TRAINING_STAGES = (*(s for s in MODEL_STAGES if s != "merge"), "reward")  # what a pipeline-level launch: starts
@@ -326,8 +326,12 @@ def _run_step(step: Step, n: int, root: Path, tmp: Path, *, overwrite: bool, deb
     env = _child_env()
     if step.launch is not None:
         env[LAUNCHER_ENV] = step.launch.launcher
-    code, tail = run_showing_output(launch_command(step.launch or LaunchSpec(), args), env=env,
-                                    stdout_to_stderr=quiet_stdout)
+    port = free_port()
+    try:
+        code, tail = run_showing_output(launch_command(step.launch or LaunchSpec(), args, port=port), env=env,
+                                        stdout_to_stderr=quiet_stdout)
+    finally:
+        remove_shm_buffers(port)
     return StepResult(code, _run_name(step, result), tail)
 
 

@@ -184,14 +184,19 @@ def deepspeed_zero3_run(runs, chain_root, data_run):
     """The ZeRO-3 recipe on two ranks under the deepspeed launcher (its output in the run's
     ``launcher.log``): the reference of the 2-rank test and of the Slurm test (srun + torchrun),
     one compute thread per rank as torchrun sets it, so the two agree bit for bit."""
-    from smolforge.launchers import LaunchSpec, launch_command
+    from smolforge.launchers import LaunchSpec, launch_command, remove_shm_buffers
+    from smolforge.processes import free_port
 
     def build(root: Runs) -> None:
         args = write_pretrain_recipe(root.root / "pretrain-2p-z3.yaml", root, "pretrain-2p-z3", data_run.name,
                                      train={**ZERO_TRAIN, "zero_stage": 3, "micro_batch_size": 4})
-        command = launch_command(LaunchSpec(processes=2, launcher="deepspeed"), args[2:])
-        launched = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300,
-                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+        port = free_port()
+        command = launch_command(LaunchSpec(processes=2, launcher="deepspeed"), args[2:], port=port)
+        try:
+            launched = subprocess.run(command, capture_output=True, text=True, cwd=REPO, timeout=300,
+                                      env={**os.environ, "OMP_NUM_THREADS": "1"})
+        finally:
+            remove_shm_buffers(port)
         assert launched.returncode == 0, launched.stderr[-3000:]
         (root.root / "pretrain-2p-z3" / "launcher.log").write_text(launched.stdout + launched.stderr)
 

@@ -104,7 +104,7 @@ def test_cli_help_shows_a_runnable_example():
 def _truncate(model):
     weights = model / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
-    return "model.safetensors is truncated"
+    return "model.safetensors: truncated"
 
 
 def _bad_config(model):
