@@ -50,7 +50,8 @@ def add_user(client: Any, username: str, *, role: str = "annotator", workspace: 
 
     from .push import quiet
 
-    check_username(username), check_role(role)
+    check_username(username)
+    check_role(role)
     if quiet(lambda: client.users(username)) is not None:
         raise RecipeError(f"user '{username}' already exists; remove it first to give it a new password")
     space = quiet(lambda: client.workspaces(workspace))
