@@ -47,6 +47,7 @@ from typing import Any
 from smolforge.errors import DataError
 
 from .agreement import cohen_kappa, krippendorff_alpha
+from .records import exact_fields
 
 __all__ = ["OUTCOMES", "TIE", "QUESTION", "resolve", "decide", "ranks_of", "agreement", "from_argilla",
            "write_preference_run"]
@@ -227,7 +228,13 @@ def resolve(records: Iterable[Mapping], min_votes: int = 1) -> tuple[list[dict],
 
 def from_argilla(record: Any) -> dict:
     """The plain dict :func:`resolve` takes, from an ``rg.Record`` fetched ``with_responses=True``."""
-    fields = record.fields
+    metadata = dict(record.metadata or {})
+    fields = dict(record.fields)
+    if isinstance(fields.get("prompt"), list):
+        fields["prompt"] = [{"role": m["role"], "content": m["content"]} for m in
+                            (m if isinstance(m, Mapping) else {"role": m.role, "content": m.content}
+                             for m in fields["prompt"])]
+    fields = exact_fields(fields, metadata)               # the texts as pushed (records.display_fields)
     k = sum(1 for name in fields if str(name).startswith("response_"))
     by_user: dict[str, dict] = {}
     # The server's own response models first: the SDK's Response objects turn a ranking into a plain
@@ -242,13 +249,8 @@ def from_argilla(record: Any) -> dict:
         entry = by_user.setdefault(str(response.user_id), {"user_id": str(response.user_id), "status": status,
                                                           "values": {}})
         entry["values"][response.question_name] = response.value
-    metadata = dict(record.metadata or {})
     runs = [metadata.get(f"run_{i}") for i in range(1, k + 1)]
-    prompt = fields["prompt"]
-    if isinstance(prompt, list):
-        prompt = [{"role": m["role"], "content": m["content"]} for m in
-                  (m if isinstance(m, Mapping) else {"role": m.role, "content": m.content} for m in prompt)]
-    return {"id": str(record.id), "prompt": prompt, "responses": [fields[f"response_{i}"] for i in range(1, k + 1)],
+    return {"id": str(record.id), "prompt": fields["prompt"], "responses": [fields[f"response_{i}"] for i in range(1, k + 1)],
             "runs": runs if all(runs) else None,
             "answers": [by_user[u] for u in sorted(by_user)]}
 

@@ -26,7 +26,27 @@ from .records import build_settings, check_schema, schema_of, to_record
 
 log = logging.getLogger(__name__)
 
-__all__ = ["quiet", "find_dataset", "open_dataset", "ensure_dataset", "push_records"]
+__all__ = ["MAX_CHARS", "quiet", "find_dataset", "open_dataset", "ensure_dataset", "check_size", "push_records"]
+
+MAX_CHARS = 200_000    # per field: far beyond what a reviewer reads; a longer one is a runaway generation
+
+
+def check_size(item: Mapping, number: int, max_chars: int = MAX_CHARS) -> None:
+    """A RecipeError when a field of ``item`` (the ``number``-th pushed) is longer than ``max_chars``.
+
+    >>> check_size({"id": "ab" * 32, "fields": {"prompt": "Hi", "response_1": "x" * 12}}, 3, max_chars=10)
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: push: record 3 (abababababab…, prompt 'Hi'): response_1 has 12 characters, more than max_chars=10; lower sampling.max_new_tokens, or raise max_chars in the recipe to review it anyway
+    """
+    for field_name, value in item["fields"].items():
+        size = len(value) if isinstance(value, str) else sum(len(str(m.get("content", ""))) for m in value)
+        if size > max_chars:
+            prompt = item["fields"].get("prompt")
+            shown = prompt if isinstance(prompt, str) else (prompt[-1].get("content", "") if prompt else "")
+            raise RecipeError(f"push: record {number} ({item['id'][:12]}…, prompt {shown[:60]!r}): {field_name} has "
+                              f"{size:,} characters, more than max_chars={max_chars:,}; lower "
+                              "sampling.max_new_tokens, or raise max_chars in the recipe to review it anyway")
 
 
 def quiet(call: Callable[[], Any]) -> Any:
@@ -77,15 +97,20 @@ def ensure_dataset(client: Any, name: str, workspace: str, schema: Mapping) -> t
 
 
 def push_records(client: Any, name: str, workspace: str, schema: Mapping, items: Sequence[Mapping],
-                 batch_size: int = 256) -> dict:
-    """Log ``items`` (:func:`smolforge.annotate.records.build_record` dicts) into the dataset; a summary dict."""
+                 batch_size: int = 256, max_chars: int = MAX_CHARS) -> dict:
+    """Log ``items`` (:func:`smolforge.annotate.records.build_record` dicts) into the dataset; a summary dict.
+
+    A field longer than ``max_chars`` characters (a runaway generation) is a RecipeError naming the
+    record, its field and its length, raised before anything is logged.
+    """
     ids = [item["id"] for item in items]
     if len(set(ids)) != len(ids):
         raise RecipeError("push: two items share a record id (the same prompt, runs and sampling twice)")
-    for item in items:
+    for number, item in enumerate(items, start=1):
         missing = set(schema["fields"]) - set(item["fields"])
         if missing:
             raise RecipeError(f"push: record {item['id'][:12]}… lacks field(s) {', '.join(sorted(missing))}")
+        check_size(item, number, max_chars)
     started = time.perf_counter()
     dataset, created = ensure_dataset(client, name, workspace, schema)
     before = 0 if created else int(dataset.progress()["total"])

@@ -14,6 +14,15 @@ Record ids are ``sha256`` of the prompt, the run ids and the sampling settings: 
 items again updates the same records instead of adding duplicates. Responses are placed in an
 order derived from that id, so the first response is not always the same run's (position bias).
 
+What a record says is what the reviewer sees, as text. Argilla 2.8's UI puts a text field into the
+page as HTML (``innerHTML``; text that looks like an HTML element even goes into an iframe whose
+scripts run), so model output such as ``<img src=x onerror=...>`` would run in the reviewer's
+session. :func:`to_record` therefore sends every prompt and response HTML-escaped (``&``, ``<``,
+``>``): the page shows the characters, markup included, and runs none of it. Text that UTF-8
+cannot carry (lone UTF-16 surrogates, e.g. from a JSON file's ``"\\ud800"``) is shown with U+FFFD
+in their place and travels exactly in the record's ``smolforge_raw`` metadata (ASCII JSON).
+:func:`exact_fields` undoes both, so a pull gives back each text exactly as it was pushed.
+
     >>> schema = review_schema(2, sampling={"temperature": 0.7, "max_new_tokens": 64})
     >>> schema["questions"]["preference"]
     {'type': 'label_selection', 'options': ['response_1', 'response_2', 'tie'], 'required': True}
@@ -30,17 +39,22 @@ order derived from that id, so the first response is not always the same run's (
 from __future__ import annotations
 
 import hashlib
+import html
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from smolforge.errors import RecipeError
 
-__all__ = ["GUIDELINES", "LABEL_TEXT", "RATING_VALUES", "record_id", "response_order", "review_schema",
-           "build_record", "schema_of", "check_schema", "build_settings", "to_record", "Prompt"]
+__all__ = ["GUIDELINES", "LABEL_TEXT", "RATING_VALUES", "RAW_METADATA", "record_id", "response_order",
+           "review_schema", "build_record", "display_fields", "exact_fields", "schema_of", "check_schema", "build_settings",
+           "to_record", "Prompt"]
 
 Prompt = str | list[dict]  # text, or chat messages [{"role", "content"}, ...]
 TIE = "tie"
+RAW_METADATA = "smolforge_raw"   # {field: exact value} (ASCII JSON) of fields that UTF-8 cannot carry
+_SURROGATE = re.compile("[\ud800-\udfff]")
 RATING_VALUES = [1, 2, 3, 4, 5]
 LABEL_TEXT = {"response_1": "Response 1 is better", "response_2": "Response 2 is better",
               TIE: "Tie: equally good or equally bad"}
@@ -67,7 +81,7 @@ def record_id(prompt: Prompt, run_ids: Sequence[str], sampling: Mapping[str, Any
     False
     """
     payload = _canonical({"prompt": prompt, "runs": list(run_ids), "sampling": dict(sampling)})
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def response_order(rid: str, k: int) -> list[int]:
@@ -141,6 +155,57 @@ def build_record(prompt: Prompt, responses: Sequence[str], run_ids: Sequence[str
     return {"id": rid, "fields": fields, "metadata": metadata}
 
 
+def _has_surrogates(value: Any) -> bool:
+    if isinstance(value, str):
+        return _SURROGATE.search(value) is not None
+    if isinstance(value, Mapping):
+        return any(_has_surrogates(v) for v in value.values())
+    if isinstance(value, (list, tuple)):
+        return any(_has_surrogates(v) for v in value)
+    return False
+
+
+def _map_text(value: Any, change) -> Any:
+    """``change`` applied to a field's text: the string, or each chat message's ``content``."""
+    if isinstance(value, str):
+        return change(value)
+    if isinstance(value, (list, tuple)):
+        return [_map_text(v, change) for v in value]
+    if isinstance(value, Mapping):
+        return {k: (_map_text(v, change) if k == "content" else v) for k, v in value.items()}
+    return value
+
+
+def _shown(text: str) -> str:
+    return html.escape(_SURROGATE.sub("\ufffd", text), quote=False)
+
+
+def display_fields(fields: Mapping[str, Any]) -> tuple[dict, str | None]:
+    """``(fields as sent to Argilla, smolforge_raw metadata or None)`` for a record's exact ``fields``.
+
+    >>> display_fields({"response_1": "<b>hi</b> & bye", "prompt": [{"role": "user", "content": "1 < 2"}]})
+    ({'response_1': '&lt;b&gt;hi&lt;/b&gt; &amp; bye', 'prompt': [{'role': 'user', 'content': '1 &lt; 2'}]}, None)
+    >>> display_fields({"response_1": "bad \\ud800"})
+    ({'response_1': 'bad \ufffd'}, '{"response_1": "bad \\\\ud800"}')
+    """
+    raw = {name: value for name, value in fields.items() if _has_surrogates(value)}
+    return ({name: _map_text(value, _shown) for name, value in fields.items()},
+            json.dumps(raw, sort_keys=True) if raw else None)        # ASCII JSON: \ud800 escapes
+
+
+def exact_fields(fields: Mapping[str, Any], metadata: Mapping[str, Any] | None) -> dict:
+    """The inverse of :func:`display_fields`: a record's fields exactly as they were pushed.
+
+    >>> text = "<script>alert('&amp;')</script> \\ud800 é"
+    >>> shown, raw = display_fields({"response_1": text, "response_2": "a &lt; b"})
+    >>> exact_fields(shown, {RAW_METADATA: raw}) == {"response_1": text, "response_2": "a &lt; b"}
+    True
+    """
+    exact = {name: _map_text(value, html.unescape) for name, value in fields.items()}
+    raw = dict(metadata or {}).get(RAW_METADATA)
+    return exact | (json.loads(raw) if raw else {})
+
+
 def _options(settings: dict) -> list | None:
     options = settings.get("options")
     return None if options is None else [o["value"] for o in options]
@@ -209,7 +274,7 @@ def build_settings(schema: Mapping) -> Any:
     for name, spec in schema["fields"].items():
         title = "Prompt" if name == "prompt" else name.replace("_", " ").capitalize()
         field_class = rg.ChatField if spec["type"] == "chat" else rg.TextField
-        fields.append(field_class(name=name, title=title, use_markdown=True))
+        fields.append(field_class(name=name, title=title, use_markdown=False))   # text: markup is not rendered
     questions = []
     for name, spec in schema["questions"].items():
         kind, required = spec["type"], spec["required"]
@@ -233,11 +298,14 @@ def build_settings(schema: Mapping) -> Any:
                 for name, spec in schema["metadata"].items()]
     distribution = rg.TaskDistribution(min_submitted=schema["distribution"]["min_submitted"])
     return rg.Settings(fields=fields, questions=questions, metadata=metadata, guidelines=schema["guidelines"],
-                       distribution=distribution)
+                       distribution=distribution, allow_extra_metadata=True)    # smolforge_raw, when needed
 
 
 def to_record(item: Mapping) -> Any:
-    """An ``rg.Record`` from :func:`build_record`'s dict (its id becomes the record's external id)."""
+    """An ``rg.Record`` from :func:`build_record`'s dict (its id becomes the record's external id), its
+    text as :func:`display_fields` shows it."""
     import argilla as rg
 
-    return rg.Record(id=item["id"], fields=dict(item["fields"]), metadata=dict(item["metadata"]))
+    fields, raw = display_fields(item["fields"])
+    metadata = dict(item["metadata"]) | ({RAW_METADATA: raw} if raw else {})
+    return rg.Record(id=item["id"], fields=fields, metadata=metadata)

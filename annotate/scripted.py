@@ -26,7 +26,7 @@ from typing import Any
 from smolforge.generation.verifiers import answer_match
 from smolforge.errors import RecipeError, ServiceError
 
-from .records import TIE
+from .records import TIE, exact_fields
 
 __all__ = ["verdict", "noisy", "verifier", "scripted_users", "records_to_answer", "answer_all"]
 
@@ -87,9 +87,10 @@ def records_to_answer(url: str, owner_key: str, dataset_name: str, workspace: st
     dataset = open_dataset(url, owner_key, dataset_name, workspace)
     out = []
     for record in dataset.records(with_responses=True):
-        k = sum(1 for name in record.fields if str(name).startswith("response_"))
+        fields = exact_fields({name: value for name, value in record.fields.items() if str(name).startswith("response_")},
+                              record.metadata)       # what a person reads on the page
         out.append({"server_id": record._server_id, "id": record.id,
-                    "responses": [record.fields[f"response_{i}"] for i in range(1, k + 1)],
+                    "responses": [fields[f"response_{i}"] for i in range(1, len(fields) + 1)],
                     "answered_by": {str(r.user_id) for r in record.responses}})
     return out
 

@@ -44,6 +44,7 @@ from smolforge.runs import Run, Runs, utc_now
 
 from .generate import SAMPLING_DEFAULTS, response_runs
 from .prompts import load_prompts
+from .push import MAX_CHARS
 
 log = logging.getLogger(__name__)
 for _chatty in ("argilla.sdk", "httpx"):  # one line per SDK call or HTTP request otherwise
@@ -88,6 +89,7 @@ class Recipe:
     wait: float = 0.0                 # pipeline step: seconds to wait for every record to be answered
     poll: float = 10.0                # seconds between progress checks while waiting
     scripted: Scripted | None = None  # demo/tests: scripted annotators answer after the push
+    max_chars: int = MAX_CHARS        # longest prompt or response to push (200k); longer stops the push, named
 
 
 def _guidelines(recipe: Recipe) -> str:
@@ -136,6 +138,8 @@ def check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"generation must be one of {', '.join(GENERATION)}, got {recipe.generation!r}")
     if recipe.annotators < 1 or (recipe.min_votes is not None and recipe.min_votes < 1):
         raise RecipeError("annotators and min_votes must be at least 1")
+    if recipe.max_chars < 1:
+        raise RecipeError(f"max_chars must be at least 1, got {recipe.max_chars}")
     if recipe.wait < 0 or recipe.poll <= 0:
         raise RecipeError(f"wait must be >= 0 and poll > 0 seconds, got wait={recipe.wait}, poll={recipe.poll}")
     if recipe.scripted is not None and not (recipe.scripted.annotators >= 1 and 0 <= recipe.scripted.noise <= 1):
@@ -206,7 +210,7 @@ def push(recipe: Recipe, runs: Runs, url: str, api_key: str) -> tuple[dict, dict
     generated_s = time.perf_counter() - started
     items = [build_record(row["prompt"], texts, response_runs(recipe.runs, recipe.k), sampling)
              for row, texts in zip(rows, responses)]
-    summary = push_records(client, recipe.dataset, recipe.workspace, schema, items)
+    summary = push_records(client, recipe.dataset, recipe.workspace, schema, items, max_chars=recipe.max_chars)
     summary |= {"prompts": len(rows), "k": recipe.k, "runs": list(recipe.runs), "generation": backend,
                 "generation_s": round(generated_s, 2), "url": url}
     answers = {item["id"]: row["answer"] for item, row in zip(items, rows) if "answer" in row}

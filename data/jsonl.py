@@ -34,8 +34,24 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             yield line_no, obj
 
 
+def json_line(row: dict, default=None) -> str:
+    """``row`` as one JSON line: UTF-8 text as is, unless it holds lone surrogates (which UTF-8 cannot
+    carry): then ASCII with ``\\uXXXX`` escapes, which reads back to the same string.
+
+    >>> json_line({"t": "é"}), json_line({"t": "bad \\ud800"})
+    ('{"t": "é"}\\n', '{"t": "bad \\\\ud800"}\\n')
+    """
+    line = json.dumps(row, ensure_ascii=False, default=default)
+    if not line.isascii():
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:
+            line = json.dumps(row, default=default)
+    return line + "\n"
+
+
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
     """Write rows atomically (temp file in the same folder, then rename)."""
     with atomic_writer(path) as handle:
         for row in rows:
-            handle.write(json.dumps(row, ensure_ascii=False) + "\n")
+            handle.write(json_line(row))

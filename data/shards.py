@@ -18,14 +18,13 @@ computes it, so lineage can compare them.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
 
 from smolforge.errors import DataError
 
-from .jsonl import read_jsonl
+from .jsonl import json_line, read_jsonl
 
 
 class ShardWriter:
@@ -53,7 +52,7 @@ class ShardWriter:
             self._handle = self._tmp.open("w", encoding="utf-8")
             self.paths.append(final)
         # default=str: source columns such as Parquet timestamps pass through as text
-        self._handle.write(json.dumps(row, ensure_ascii=False, default=str) + "\n")
+        self._handle.write(json_line(row, default=str))
         self.rows += 1
 
     def _seal(self) -> None:

@@ -1,4 +1,6 @@
-"""The real Argilla web UI, driven in headless Chromium: an annotator signs in and judges a record.
+"""The real Argilla web UI, driven in headless Chromium: an annotator signs in and judges a record,
+and hostile model output (HTML, scripts, markdown, control characters, lone surrogates, huge
+texts) is shown as text, runs nothing, and comes back from a pull exactly as it was pushed.
 
 The dataset is built the way a push builds it (review_schema → build_settings, build_record →
 to_record); the browser is Debian's chromium driven by Playwright (no downloaded browser). The
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import re
 import shutil
 import time
@@ -85,6 +88,13 @@ def answers(dataset) -> dict:
             for r in dataset.records(with_responses=True) if list(r.responses)}
 
 
+def sign_in(page, server, password: str) -> None:
+    page.goto(server.url)
+    page.get_by_label("Username").fill(ANNOTATOR)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+
+
 def test_annotator_submits_a_preference_in_the_web_ui(server, review, tmp_path):
     dataset, annotator, password, items = review
     for stale in ARTIFACTS.glob("annotate-ui-failure.*"):          # evidence belongs to the latest run
@@ -100,10 +110,7 @@ def test_annotator_submits_a_preference_in_the_web_ui(server, review, tmp_path):
             page = browser.new_page(viewport={"width": 1280, "height": 900})
             page.set_default_timeout(UI_TIMEOUT_MS)
             with evidence_on_failure(page):
-                page.goto(server.url)
-                page.get_by_label("Username").fill(ANNOTATOR)
-                page.get_by_label("Password").fill(password)
-                page.get_by_role("button", name="Sign in").click()
+                sign_in(page, server, password)
                 page.get_by_text("review-ui", exact=True).click()           # the dataset card on the home page
 
                 # the annotation view shows one record: its prompt and both responses, in the record's order
@@ -152,3 +159,81 @@ def test_annotator_submits_a_preference_in_the_web_ui(server, review, tmp_path):
     while answers(dataset) != expected and time.monotonic() < deadline:
         time.sleep(0.3)
     assert answers(dataset) == expected
+
+
+MARKUP = ('<script>top.__pwned = "script"</script><img id="pwn-img" src="x" onerror="top.__pwned = \'img\'">'
+          '<div id="pwn-overlay" style="position:fixed;inset:0;z-index:99999;background:red">covered</div>'
+          '\n# Not a heading\n**not bold** [click me](javascript:top.__pwned="link")')
+CONTROL = "tab\tbell\x07 nul\x00 esc\x1b[31mred\x1b[0m del\x7f rtl\u202eevil zero\u200bwidth, half a pair \ud83d and \udcff"
+HUGE = "An endless answer. " * 6_000 + "x" * 30_000          # 144k characters, a 30k-character unbroken line
+HOSTILE = [("Write HTML, please.", MARKUP, "A plain answer."), ("Print odd bytes.", CONTROL, "Another plain answer."),
+           ("Go on forever.", HUGE, "Short.")]
+
+
+def test_hostile_model_output_is_shown_as_text_and_pulled_byte_identical(server, review, tmp_path):
+    """Pushed as ``annotate push`` pushes; judged in the UI (the hostile response wins, so every one is pulled)."""
+    from smolforge.annotate.push import find_dataset, push_records
+    from smolforge.cli import main
+    from smolforge.errors import RecipeError
+
+    _, _, password, _ = review
+    client = connect(server.url, server.api_key)
+    items = {prompt: build_record(prompt, [bad, plain], ["run-a", "run-b"], SAMPLING) for prompt, bad, plain in HOSTILE}
+    schema = review_schema(2, sampling=SAMPLING)
+    with pytest.raises(RecipeError, match=r"^push: record 3 \(.*prompt 'Go on forever.'\): response_\d has 144,000 "
+                                          r"characters, more than max_chars=100,000; lower sampling.max_new_tokens"):
+        push_records(client, "hostile-ui", "argilla", schema, list(items.values()), max_chars=100_000)
+    assert find_dataset(client, "hostile-ui", "argilla") is None              # refused before anything was sent
+    push_records(client, "hostile-ui", "argilla", schema, list(items.values()))
+    expect = sync_api.expect
+    dialogs = []
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(UI_TIMEOUT_MS)
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            with evidence_on_failure(page):
+                sign_in(page, server, password)
+                page.get_by_text("hostile-ui", exact=True).click()
+                for _ in HOSTILE:
+                    expect(page.get_by_text("Which response is better?")).to_be_visible(timeout=UI_TIMEOUT_MS)
+                    prompt = next(p for p, _, _ in HOSTILE if page.get_by_text(p, exact=True).is_visible())
+                    item = items[prompt]
+                    bad_slot = next(slot for slot in ("response_1", "response_2")
+                                    if item["fields"][slot] not in ("A plain answer.", "Another plain answer.", "Short."))
+                    if prompt == "Write HTML, please.":      # the markup is on screen as characters
+                        expect(page.get_by_text('<script>top.__pwned = "script"</script>')).to_be_visible()
+                        expect(page.get_by_text("**not bold** [click me]")).to_be_visible()
+                    elif prompt == "Print odd bytes.":
+                        expect(page.get_by_text("half a pair \ufffd and \ufffd")).to_be_visible()
+                    else:
+                        expect(page.get_by_text("An endless answer. An endless answer.")).to_be_visible()
+                    assert page.evaluate("window.__pwned") is None and not dialogs
+                    assert page.locator("#pwn-img, #pwn-overlay, iframe, h1:has-text('Not a heading')").count() == 0
+                    page.screenshot(path=str(tmp_path / f"hostile-{len(list(tmp_path.glob('hostile-*')))}.png"))
+                    # no layout broken beyond scrolling: the page does not widen, the controls stay reachable
+                    assert page.evaluate("document.documentElement.scrollWidth") <= 1280 + 1
+                    page.get_by_text(LABEL_TEXT[bad_slot], exact=True).click()
+                    submit = page.get_by_role("button", name="Submit")
+                    expect(submit).to_be_in_viewport()
+                    submit.click()
+                    expect(page.get_by_text(prompt, exact=True)).to_be_hidden(timeout=UI_TIMEOUT_MS)
+                page.wait_for_timeout(500)          # anything deferred (an onerror, a timer) had its chance
+                assert page.evaluate("window.__pwned") is None and not dialogs
+        finally:
+            browser.close()
+
+    runs = tmp_path / "runs"
+    args = ["--runs-dir", str(runs), "annotate", "pull", "--set", f"home={server.home}", "--set", "dataset=hostile-ui",
+            "--set", "name=prefs-hostile", "--set", "annotators=1"]
+    dataset = client.datasets(name="hostile-ui", workspace="argilla")
+    deadline = time.monotonic() + 10
+    while len(answers(dataset)) < len(HOSTILE) and time.monotonic() < deadline:   # the last submit may be landing
+        time.sleep(0.3)
+    assert main(args) == 0
+    data = (runs / "prefs-hostile" / "data" / "prefs" / "part-00000.jsonl").read_bytes()
+    rows = {row["prompt"]: row for row in map(json.loads, data.splitlines())}
+    assert {prompt: (row["chosen"], row["rejected"]) for prompt, row in rows.items()} == \
+        {prompt: (bad, plain) for prompt, bad, plain in HOSTILE}
+    assert b"\\ud83d" in data and b"\\u0000" in data          # lone surrogates and NUL travel as JSON escapes
