@@ -15,7 +15,7 @@ from smolforge.errors import RecipeError, RunError
 from smolforge.generation.prompts import load_tokenizer
 from smolforge.model_folder import check_model_folder
 from smolforge.profiling import StepProfiler, check_profile
-from smolforge.recipe import to_dict
+from smolforge.recipe import FRACTION, to_dict
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
 
@@ -24,7 +24,7 @@ from smolforge.tracking import TrackingSpec
 class LoraSpec:
     r: int = 16                       # adapter rank
     alpha: int = 32                   # scaling numerator (scale = alpha / r)
-    dropout: float = 0.05             # adapter dropout (DPO's disable_dropout, on by default, zeroes it)
+    dropout: float = field(default=0.05, metadata=FRACTION)            # adapter dropout (DPO's disable_dropout, on by default, zeroes it)
     target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
                                                           "gate_proj", "up_proj", "down_proj"])  # modules to adapt
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 from smolforge.errors import RecipeError
 from smolforge.model_folder import check_model_folder
-from smolforge.recipe import build, to_dict
+from smolforge.recipe import FRACTION, build, to_dict
 from smolforge.runs import Run, Runs
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ class Recipe:
     method: str = "linear"            # linear | slerp | ties | dare_ties | dare_linear | task_arithmetic
     models: list = field(default_factory=list)  # [{run: NAME, weight: W, density: D}, ...]
     base: str | None = None           # ties/dare/task_arithmetic: task vectors' origin; slerp: the t = 0 end
-    t: float = 0.5                    # slerp: 0 = base, 1 = the other model
+    t: float = field(default=0.5, metadata=FRACTION)                   # slerp: 0 = base, 1 = the other model
     normalize: bool = True            # linear/TIES/DARE: divide by the sum of the weights
     dtype: str = "float32"            # float32 | bfloat16 | float16: the merge's arithmetic and output
     seed: int = 0                     # DARE's random drops

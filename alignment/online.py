@@ -27,6 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError
 from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.runs import Run, Runs
@@ -48,7 +49,7 @@ class OnlineRecipe:
     parent: str = "sft-demo"          # run whose model/ is the starting policy
     data: str = "data-demo"           # data run (its prompts) or a .jsonl of {"prompt", "answer"} rows
     rewards: list = field(default_factory=lambda: ["answer_match"])  # reward functions or run:<reward run>
-    heldout_fraction: float = 0.2     # prompts kept out of training to measure the reward before/after
+    heldout_fraction: float = field(default=0.2, metadata=FRACTION)    # prompts kept out of training to measure the reward before/after
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
     generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port

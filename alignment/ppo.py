@@ -87,7 +87,7 @@ from pathlib import Path
 
 from smolforge.errors import RecipeError
 from smolforge.profiling import StepProfiler, check_profile
-from smolforge.recipe import to_dict
+from smolforge.recipe import FRACTION, to_dict
 from smolforge.runs import Run, Runs
 
 from .common import check_tracking, lineage_fingerprints, model_parent, open_tracker
@@ -113,7 +113,7 @@ class PPOSpec:
     target_kl: float | None = None    # adaptive β towards this per-sequence KL (None: fixed β)
     kl_horizon: int = 10000           # samples over which the adaptive β moves by up to 20 %
     gamma: float = 1.0                # discount of GAE
-    lam: float = 0.95                 # λ of GAE
+    lam: float = field(default=0.95, metadata=FRACTION)                # λ of GAE
     cliprange: float = 0.2            # ε of the clipped policy ratio
     cliprange_value: float = 0.2      # ε of the clipped value update
     whiten_rewards: bool = False      # scale per-token rewards to unit variance per batch
@@ -124,7 +124,7 @@ class PPOSpec:
     precision: str = "auto"           # auto (bf16 on a CUDA GPU, fp32 on CPU), fp32 or bf16 (mixed precision)
     deepspeed: str | None = None      # DeepSpeed JSON (recipes/smollm3-3b/zero3.json), used when the launcher gave none
     gradient_checkpointing: bool = False  # recompute the policy's and value model's activations in backward
-    vllm_gpu_memory_utilization: float = 0.3  # share of the card the rollout vLLM server reserves when it shares
+    vllm_gpu_memory_utilization: float = field(default=0.3, metadata=FRACTION) # share of the card the rollout vLLM server reserves when it shares
     #                                           the GPU with training (vLLM alone would take 0.9)
 
 

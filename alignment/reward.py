@@ -46,7 +46,7 @@ class Recipe:
     name: str = "reward-demo"         # run name
     parent: str = "sft-demo"          # run whose model/ initialises the reward model (a score head is added)
     data: str = "data-demo"           # data run (its data/prefs/ shards) or a .jsonl of preference rows
-    eval_fraction: float = 0.2        # share of pairs held out for the accuracy in run.json, in (0, 0.5]
+    eval_fraction: float = field(default=0.2, metadata={"max": 0.5})       # share of pairs held out for the accuracy in run.json, in (0, 0.5]
     split_seed: int = 0               # seed of the held-out split (apart from trainer.seed: same pairs across reruns)
     lora: LoraSpec | None = None      # LoRA adapters (the score head trains fully); merged into model/ at the end
     trainer: RewardConfig = field(default_factory=lambda: RewardConfig(**defaults()["trainer"]))  # any trl.RewardConfig field

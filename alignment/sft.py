@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
+from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError, RunError
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
@@ -59,7 +60,7 @@ class Recipe:
     name: str = "sft-demo"            # run name
     parent: str = "pretrain-demo"     # run whose model/ is fine-tuned
     data: str = "data-demo"           # data run (its sft shards) or a .jsonl of {"messages"} rows
-    eval_fraction: float = 0.2        # held-out conversations for eval loss and early stopping (0 = off)
+    eval_fraction: float = field(default=0.2, metadata=FRACTION)       # held-out conversations for eval loss and early stopping (0 = off)
     early_stopping_patience: int = 3  # evaluations without a better eval loss before stopping (0 = off)
     lr_vs_pretrain: float = 0.2       # LR = this x the lineage's pretraining peak LR, when trainer.learning_rate is unset
     chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's

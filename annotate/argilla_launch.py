@@ -14,6 +14,8 @@ import os
 import sys
 from pathlib import Path
 
+DEMO_PASSWORD = "12345678"   # smolforge.annotate.server.DEMO_PASSWORD (this file runs without smolforge)
+
 
 def register_engine() -> None:
     if os.environ.get("ARGILLA_SEARCH_ENGINE", "").strip().lower() != "smolforge-sql":
@@ -59,8 +61,10 @@ async def _apply_owner(key: str, password: str, *, network: bool) -> None:
         if owner.api_key != key or not accounts.verify_password(password, owner.password_hash):
             await owner.update(session, api_key=key, password_hash=accounts.hash_password(password))
         if network:
+            demo_passwords = (DEFAULT_PASSWORD, DEMO_PASSWORD)     # Argilla's own default is "1234"
             weak = [user.username for user in await accounts.list_users(session)
-                    if user.api_key == DEFAULT_API_KEY or accounts.verify_password(DEFAULT_PASSWORD, user.password_hash)]
+                    if user.api_key == DEFAULT_API_KEY
+                    or any(accounts.verify_password(p, user.password_hash) for p in demo_passwords)]
             if weak:
                 print(f"refusing to serve on a network address: users {', '.join(sorted(weak))} still have the demo "
                       "API key or password; remove them (smolforge annotate users remove NAME)", file=sys.stderr)

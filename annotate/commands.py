@@ -81,5 +81,16 @@ def _annotate(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
 
 def register(cli: Commands) -> None:
     cli.stage("annotate", example="smolforge annotate push --config recipes/demo/annotate.yaml",
+              examples=("smolforge annotate serve                                   # 127.0.0.1, demo credentials",
+                        "smolforge annotate serve --host 0.0.0.0 --database postgresql://argilla@db:5432/argilla",
+                        "smolforge annotate users add alice                         # prints a generated password once",
+                        "smolforge annotate users add bob --role admin --workspace red-team",
+                        "smolforge annotate users list",
+                        "smolforge annotate users remove alice",
+                        "smolforge annotate backup backups/argilla-$(date +%F).db  # consistent while annotators submit",
+                        "smolforge annotate restore backups/argilla-2026-12-02.db --home runs/.argilla-restored",
+                        "smolforge annotate push --config recipes/demo/annotate.yaml",
+                        "smolforge annotate status --config recipes/demo/annotate.yaml",
+                        "smolforge annotate pull --config recipes/demo/annotate.yaml"),
               arguments=_arguments, handler=_annotate, config_required=False)
     cli.summary(show=["annotate/rows", "annotate/agreement"], hide=["annotate/*"])

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Run, Runs, utc_now
 
@@ -56,7 +57,7 @@ GENERATION = ("auto", "hf", "vllm")
 @dataclass
 class Sampling:
     temperature: float = SAMPLING_DEFAULTS["temperature"]        # 0 = greedy (needs two runs)
-    top_p: float = SAMPLING_DEFAULTS["top_p"]                    # nucleus sampling
+    top_p: float = field(default=SAMPLING_DEFAULTS["top_p"], metadata=FRACTION)                 # nucleus sampling
     max_new_tokens: int = SAMPLING_DEFAULTS["max_new_tokens"]    # response length cap
     seed: int = SAMPLING_DEFAULTS["seed"]                        # same seed, same responses (HF)
 
@@ -64,7 +65,7 @@ class Sampling:
 @dataclass
 class Scripted:
     annotators: int = 2               # users scripted-1..N answer every record through the SDK
-    noise: float = 0.0                # each answers something else at this rate (agreement < 1)
+    noise: float = field(default=0.0, metadata=FRACTION)               # each answers something else at this rate (agreement < 1)
     seed: int = 0                     # seeds the noise
 
 

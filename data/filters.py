@@ -62,6 +62,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from itertools import accumulate
 
+from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError
 
 STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})  # Gopher's list
@@ -112,7 +113,7 @@ class FilterSpec:
     top_ngram_char_frac: dict | None = field(default_factory=_top_default)  # n -> max share of the top repeated n-gram
     dup_ngram_char_frac: dict | None = field(default_factory=_dup_default)  # n -> max share covered by duplicated n-grams
     language: str | None = None                # langdetect code ("en", "de", "zh-cn"); None: any language
-    min_language_score: float = 0.65           # langdetect probability of ``language`` needed
+    min_language_score: float = field(default=0.65, metadata=FRACTION)          # langdetect probability of ``language`` needed
     c4: bool = False                           # datatrove's C4QualityFilter too (executor: local or slurm)
     fineweb: bool = False                      # datatrove's FineWebQualityFilter too (executor: local or slurm)
 

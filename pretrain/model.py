@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from smolforge.recipe import FRACTION
+
 
 @dataclass
 class ModelShape:
@@ -21,7 +23,7 @@ class ModelShape:
     max_position_embeddings: int = 2048  # longest sequence the model is built for
     rope_theta: float = 10000.0       # RoPE base
     tie_word_embeddings: bool = True  # share input and output embeddings (small-scale default)
-    dropout: float = 0.0              # attention dropout
+    dropout: float = field(default=0.0, metadata=FRACTION)             # attention dropout
     extra: dict = field(default_factory=dict)  # any other SmolLM3Config keyword
 
     @classmethod

@@ -36,7 +36,7 @@ from pathlib import Path
 from smolforge.errors import Preempted, RecipeError, RunError
 from smolforge.model_folder import check_model_folder
 from smolforge.profiling import ProfileSpec, StepProfiler, check_profile
-from smolforge.recipe import build, to_dict
+from smolforge.recipe import FRACTION, build, to_dict
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
 
@@ -60,11 +60,11 @@ class TrainSpec:
     learning_rate: float = 3e-3       # peak LR (tiny models take high LRs; SmolLM3-3B used 2e-4)
     schedule: str = "cosine"          # cosine | wsd | constant
     warmup_steps: int = 20            # linear warmup (the playbook: >= 1k steps at real scale)
-    min_lr_ratio: float = 0.1         # final LR as a fraction of the peak
-    decay_fraction: float = 0.2       # WSD: share of steps spent decaying
+    min_lr_ratio: float = field(default=0.1, metadata=FRACTION)        # final LR as a fraction of the peak
+    decay_fraction: float = field(default=0.2, metadata=FRACTION)      # WSD: share of steps spent decaying
     weight_decay: float = 0.1         # AdamW decoupled weight decay
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.95
+    adam_beta1: float = field(default=0.9, metadata=FRACTION)
+    adam_beta2: float = field(default=0.95, metadata=FRACTION)
     grad_clip: float = 1.0            # clip the global grad norm (the playbook's 1.0); 0 = off
     zero_stage: int = 2               # DeepSpeed ZeRO stage 0-3
     offload_optimizer: bool = False   # keep optimizer states in CPU memory (ZeRO-Offload)

@@ -61,6 +61,7 @@ Arguments = Callable[[argparse.ArgumentParser], None]
 class StageCommand:
     name: str
     example: str | None = None                 # shown under --help
+    examples: Sequence[str] = ()               # replace the two default examples under --help
     arguments: Arguments | None = None         # adds the stage's own arguments
     handler: Handler | None = None             # default: run_stage
     config_required: bool = True               # --config must be given
@@ -237,7 +238,8 @@ def add_stage_parser(sub, spec: StageCommand, dotted: str, formatter) -> argpars
         description=(spec.usage or f"Run the {name} stage from a recipe whose top level has 'stage: {name}'.")
         + "\nExtra --key value pairs become overrides: trainer.key=value when the stage recipe has a trainer "
         "field\n(a TRL config) and key is not a top-level field, else key=value.",
-        formatter_class=formatter, epilog=epilog(example, f"smolforge {name} --config my-{name}.yaml --name my-run"),
+        formatter_class=formatter,
+        epilog=epilog(*(spec.examples or (example, f"smolforge {name} --config my-{name}.yaml --name my-run"))),
         allow_abbrev=False,  # so TRL-style extras are never mistaken for our options
     )
     if spec.arguments is not None:

@@ -36,8 +36,12 @@ from smolforge.errors import RecipeError
 
 __all__ = [
     "load_yaml", "apply_overrides", "set_path", "build", "to_dict", "deep_merge",
-    "build_stage_recipe", "load_recipe",
+    "build_stage_recipe", "load_recipe", "FRACTION",
 ]
+
+# ``field(default=0.2, metadata=FRACTION)``: a share, a probability or a ratio; build() refuses a value
+# above 1 (and, like every number not marked ``{"negative": True}``, below 0). ``{"max": x}`` sets another bound.
+FRACTION = {"max": 1.0}
 
 
 class _Loader(yaml.SafeLoader):
@@ -333,6 +337,8 @@ def _build_value(f: dataclasses.Field, ann: Any, value: Any, source: str, prefix
         value = _check_scalar(value, inner, where)
         if inner in (int, float) and value < 0 and not _negative_allowed(f):
             raise RecipeError(f"{source}: {prefix}{f.name} must be >= 0, got {value!r}")
+        if inner in (int, float) and "max" in f.metadata and value > f.metadata["max"]:
+            raise RecipeError(f"{source}: {prefix}{f.name} must be <= {f.metadata['max']:g}, got {value!r}")
         return value
     if value is None:
         return value

@@ -69,6 +69,17 @@ TINY["rloo"] = TINY["grpo"]
 UNIT_CHANGES = {"sft": {"parent": "pretrain-demo"}}   # the shared chain skips the demo's long-context step
 
 
+def argilla_missing(postgres: bool = False) -> str | None:
+    """Why the embedded-Argilla tests (with ``postgres``: on PostgreSQL) cannot run here; None when they can."""
+    if not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None:
+        return "needs .argilla-venv and redis-server (make setup)"
+    if postgres:
+        from postgres_cluster import postgres_available
+
+        return postgres_available()
+    return None
+
+
 def tiny_recipe(stage: str, **changes):
     """The demo recipe of ``stage`` shrunk by TINY (and UNIT_CHANGES), with ``changes`` laid on top."""
     _, data = load_recipe(DEMO / f"{stage}.yaml")

@@ -11,7 +11,6 @@ Skipped when the argilla-server venv, redis-server or PostgreSQL is missing (mak
 """
 from __future__ import annotations
 
-import shutil
 import signal
 import threading
 import time
@@ -19,15 +18,14 @@ import time
 import pytest
 
 from smolforge.annotate.records import build_record, review_schema
-from smolforge.annotate.server import REPO, ArgillaServer, connect
+from smolforge.annotate.server import ArgillaServer, connect
 
-from postgres_cluster import postgres_available, postgres_cluster
+from conftest import argilla_missing
+from postgres_cluster import postgres_cluster
 
 rg = pytest.importorskip("argilla")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None
-    or postgres_available() is not None,
-    reason="needs .argilla-venv, redis-server and PostgreSQL (make setup)")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(argilla_missing(postgres=True) is not None,
+                                                  reason=str(argilla_missing(postgres=True)))]
 
 ANNOTATORS, RECORDS = 4, 15
 DOWN_S = 2.0            # how long the killed process stays dead before it is brought back

@@ -7,22 +7,19 @@ Skipped when the argilla-server venv, redis-server or PostgreSQL is missing (mak
 from __future__ import annotations
 
 import json
-import shutil
 import threading
 
 import pytest
 
 from smolforge.annotate.records import build_record, review_schema
-from smolforge.annotate.server import REPO, ArgillaServer, connect
+from smolforge.annotate.server import ArgillaServer, connect
 from smolforge.cli import main
 
-from postgres_cluster import postgres_available
+from conftest import argilla_missing
 
 rg = pytest.importorskip("argilla")
-pytestmark = [pytest.mark.slow, pytest.mark.skipif(
-    not (REPO / ".argilla-venv" / "bin" / "python").exists() or shutil.which("redis-server") is None
-    or postgres_available() is not None,
-    reason="needs .argilla-venv, redis-server and PostgreSQL (make setup)")]
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(argilla_missing(postgres=True) is not None,
+                                                  reason=str(argilla_missing(postgres=True)))]
 
 SAMPLING = {"temperature": 0.7}
 

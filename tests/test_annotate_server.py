@@ -264,3 +264,47 @@ def test_users_add_list_remove_through_the_cli(live, capsys):
     assert main(["annotate", "users", "remove", "argilla", *home]) == 2
     for log in (live.home / "logs").glob("*.log"):
         assert password not in log.read_text(errors="replace"), log
+
+
+LAUNCH_TWICE = """
+import asyncio, os, sys
+sys.path.insert(0, sys.argv[1])
+import argilla_launch
+
+os.environ.update(SMOLFORGE_ARGILLA_OWNER_KEY="argilla.apikey", SMOLFORGE_ARGILLA_OWNER_PASSWORD="12345678")
+argilla_launch.prepare()                               # a loopback start: the owner on the demo pair
+
+
+async def annotator_on_the_demo_password():          # as an old demo home may hold
+    from argilla_server.contexts import accounts
+    from argilla_server.database import AsyncSessionLocal, async_engine
+    async with AsyncSessionLocal() as db:
+        await accounts.create_user(db, {"username": "bob", "first_name": "bob", "last_name": None,
+                                        "password": "12345678", "role": "annotator"})
+    await async_engine.dispose()
+
+asyncio.run(annotator_on_the_demo_password())
+os.environ.update(SMOLFORGE_ARGILLA_OWNER_KEY="k" * 32, SMOLFORGE_ARGILLA_OWNER_PASSWORD="p" * 16,
+                  SMOLFORGE_ARGILLA_NETWORK="1")
+argilla_launch.prepare()                               # the same home on a network address
+"""
+
+
+def test_a_network_start_refuses_a_home_whose_users_still_have_the_demo_credentials(tmp_path):
+    """The launcher's last line of defence: the owner gets the strong pair, but an annotator left on the
+    demo password stops the start (exit 3) and is named."""
+    import importlib.util
+    import subprocess
+
+    from smolforge.annotate.server import DEMO_PASSWORD
+
+    spec = importlib.util.spec_from_file_location("argilla_launch", REPO / "annotate" / "argilla_launch.py")
+    launcher = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launcher)
+    assert launcher.DEMO_PASSWORD == DEMO_PASSWORD                   # the launcher runs without smolforge: a copy
+    env = {k: v for k, v in ArgillaServer(tmp_path).env().items() if not k.startswith("SMOLFORGE_ARGILLA")}
+    done = subprocess.run([str(REPO / ".argilla-venv" / "bin" / "python"), "-c", LAUNCH_TWICE, str(REPO / "annotate")],
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 3, done.stderr[-2000:]
+    assert "refusing to serve on a network address: users bob still have the demo API key or password" in done.stderr
+    assert "argilla," not in done.stderr                     # the owner was given the strong pair first

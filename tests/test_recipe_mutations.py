@@ -3,10 +3,11 @@ exit 2, one line that names the recipe file and the key, and no run folder.
 
 The variants are generated from the recipes themselves (recipes/**/*.yaml with a ``stage:``): a
 number becomes a word or a negative number, a word a number, a flag ``maybe``; a scalar becomes a
-mapping or a list, a mapping a word or a list, a list a mapping or a word. The runs folder is
-empty, so a variant that got past its stage's checks would stop at the first parent run; the test
-asserts that the key's own error comes first. Out of range is only "negative" so far: an upper
-bound (a rate above 1) is checked by the keys that have one, not generated here.
+mapping or a list, a mapping a word or a list, a list a mapping or a word; a number declared
+with an upper bound (``metadata=FRACTION``: shares, probabilities, ratios) goes above it. The runs
+folder is empty, so a variant that got past its stage's checks would stop at the first parent run;
+the test asserts that the key's own error comes first. Upper bounds that only a library knows (a
+TRL config's ``warmup_ratio``) are not generated.
 """
 from __future__ import annotations
 
@@ -34,11 +35,31 @@ def leaves(data: dict, prefix: str = ""):
             yield from leaves(value, f"{prefix}{key}.")
 
 
-def wrong_values(value) -> list[tuple[str, object]]:
+def upper_bound(stage: str, dotted: str) -> float | None:
+    """The ``{"max": x}`` of the stage recipe's field behind ``dotted``, or None."""
+    import dataclasses
+    import typing
+
+    from smolforge.recipe import _dataclass_of
+    from smolforge.registry import load_stage
+
+    cls = load_stage(stage).Recipe
+    *parents, last = dotted.split(".")
+    for part in parents:
+        hints = typing.get_type_hints(cls)
+        cls = _dataclass_of(hints[part])[0] if part in hints else None
+        if cls is None:
+            return None
+    found = {f.name: f for f in dataclasses.fields(cls)}.get(last)
+    return None if found is None else found.metadata.get("max")
+
+
+def wrong_values(value, bound: float | None = None) -> list[tuple[str, object]]:
     if isinstance(value, bool):
         return [("type", "maybe"), ("shape", {"oops": 1})]
     if isinstance(value, (int, float)):
-        return [("type", "many"), ("shape", [1, 2])] + ([("range", -7)] if value >= 0 else [])
+        return [("type", "many"), ("shape", [1, 2])] + ([("range", -7)] if value >= 0 else []) + \
+            ([("above", bound + 0.5)] if bound is not None else [])
     if isinstance(value, str):
         return [("type", 12345), ("shape", {"oops": 1})]
     if isinstance(value, list):
@@ -54,7 +75,7 @@ def variants():
     for path in RECIPES:
         data = yaml.safe_load(path.read_text())
         for key, value in leaves({k: v for k, v in data.items() if k != "stage"}):
-            for kind, bad in wrong_values(value):
+            for kind, bad in wrong_values(value, upper_bound(data["stage"], key) if isinstance(value, (int, float)) else None):
                 if kind == "range" and key in NEGATIVE_IS_A_SETTING:
                     continue
                 if (data["stage"], key, repr(bad)) not in seen:
@@ -88,7 +109,8 @@ def test_every_key_of_every_shipped_recipe_given_a_wrong_type_or_shape_exits_2_w
         if code != 2 or len(lines) != 1 or str(recipe) not in lines[0] or named not in lines[0] \
                 or "Traceback" in lines[0]:
             failures.append(f"{path.relative_to(REPO)} {key} = {bad!r} ({kind}): exit {code}: {lines[-3:]}")
-    print(f"\n{tried} variants of {len(RECIPES)} recipes")
-    assert tried > 400
+    above = sum(1 for *_, kind, _ in variants() if kind == "above")
+    print(f"\n{tried} variants of {len(RECIPES)} recipes ({above} above an upper bound)")
+    assert tried > 400 and above >= 8
     assert not failures, "\n".join(failures[:20])
     assert not runs.exists() or not any(runs.iterdir())          # no run folder, not even a failed one
