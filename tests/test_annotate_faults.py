@@ -27,8 +27,8 @@ rg = pytest.importorskip("argilla")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(argilla_missing(postgres=True) is not None,
                                                   reason=str(argilla_missing(postgres=True)))]
 
-ANNOTATORS, RECORDS = 4, 15
-DOWN_S = 2.0            # how long the killed process stays dead before it is brought back
+ANNOTATORS, RECORDS = 4, 12
+DOWN_S = 1.0            # how long the killed process stays dead before it is brought back
 
 
 @pytest.fixture(scope="module")
