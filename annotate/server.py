@@ -174,6 +174,8 @@ class ArgillaServer:
         self.logs = self.home / "logs"
         self.tmp = self.home / "tmp"
         self.procs: dict[str, subprocess.Popen] = {}
+        self.commands: dict[str, tuple[list[str], dict | None]] = {}    # name → (command, environment)
+        self.restarts: list[float] = []                                  # monotonic times of restarts
         self.ready_s: float | None = None
 
     @property
@@ -217,24 +219,51 @@ class ArgillaServer:
         self.api_key, self.password, self.credentials_generated = owner_credentials(self.home, self.host,
                                                                                     generate=True)
         started = time.perf_counter()
+        server_env = self.env()  # the server migrates the database and creates the owner before serving
+        server_env.update(SMOLFORGE_ARGILLA_OWNER_KEY=self.api_key, SMOLFORGE_ARGILLA_OWNER_PASSWORD=self.password)
+        if not is_loopback(self.host):
+            server_env["SMOLFORGE_ARGILLA_NETWORK"] = "1"    # the launcher refuses any user left on demo credentials
+        self.commands = {
+            "redis": ([redis, "--bind", "127.0.0.1", "--port", str(self.redis_port), "--save", "", "--appendonly",
+                       "no", "--dir", str(self.tmp)], None),
+            "server": ([str(python), str(LAUNCHER), "server", "--host", self.host, "--port", str(self.port)],
+                       server_env),
+            "worker": ([str(python), str(LAUNCHER), "worker"], None)}
         try:
-            self._spawn("redis", [redis, "--bind", "127.0.0.1", "--port", str(self.redis_port), "--save", "",
-                                  "--appendonly", "no", "--dir", str(self.tmp)])
-            env = self.env()  # the server migrates the database and creates the owner before serving
-            env.update(SMOLFORGE_ARGILLA_OWNER_KEY=self.api_key, SMOLFORGE_ARGILLA_OWNER_PASSWORD=self.password)
-            if not is_loopback(self.host):
-                env["SMOLFORGE_ARGILLA_NETWORK"] = "1"    # the launcher refuses any user left on demo credentials
-            self._spawn("server", [str(python), str(LAUNCHER), "server", "--host", self.host,
-                                   "--port", str(self.port)], env)
-            self._spawn("worker", [str(python), str(LAUNCHER), "worker"])
+            for name, (cmd, env) in self.commands.items():
+                self._spawn(name, cmd, env)
             self._wait_ready(started)
         except BaseException:
             self.stop()
             raise
         self.ready_s = time.perf_counter() - started
+        self._write_server_file()
+        return self
+
+    def _write_server_file(self) -> None:
         write_json_atomic(self.home / SERVER_FILE, {"url": self.url, "pid": os.getpid(),
                                                     "server_pid": self.procs["server"].pid})
-        return self
+
+    def restart_exited(self, limit: int = 5, window_s: float = 600.0) -> list[str]:
+        """Start again each process (Redis, server, worker) that has exited, as a supervisor does; the
+        names restarted. Annotations are in the database and Redis holds only the job queue, so a
+        restart loses nothing acknowledged. More than ``limit`` restarts in ``window_s`` seconds (a
+        crash loop) is a ServiceError with the log's end, as is a server that does not come back.
+        """
+        exited = [name for name in self.commands if name in self.procs and self.procs[name].poll() is not None]
+        if not exited:
+            return []
+        now = time.monotonic()
+        self.restarts = [t for t in self.restarts if now - t < window_s] + [now] * len(exited)
+        if len(self.restarts) > limit:
+            self.check_alive()               # raises with the exited process's log
+        for name in exited:
+            cmd, env = self.commands[name]
+            self._spawn(name, cmd, env)
+        if "server" in exited:
+            self._wait_ready(time.perf_counter())
+            self._write_server_file()
+        return exited
 
     def _wait_ready(self, started: float) -> None:
         watched = {f"Argilla's {name} process": (self.procs[name], self.logs / f"{name}.log")
@@ -293,10 +322,19 @@ def owner_api_key(home: Path) -> str:
 def serve(home: Path, port: int | None = None, host: str = "127.0.0.1", database_url: str | None = None) -> int:
     """Run the embedded server until SIGINT/SIGTERM; prints one line when ready. Exit code 0.
 
+    A process that dies (Redis, the server, the worker) is started again and a line says so; more
+    than 5 restarts in 10 minutes stops everything with the log's end (a ServiceError).
+
     On a non-loopback ``host`` the first start prints the generated owner credentials once (to the
     terminal, not to any log); they stay in ``<home>/owner.json``.
     """
     server = ArgillaServer(home, port=port, host=host, database_url=database_url)
+
+    def supervise() -> None:
+        codes = {name: proc.poll() for name, proc in server.procs.items()}
+        for name in server.restart_exited():
+            print(f"Argilla's {name} process exited (code {codes[name]}); started it again "
+                  f"(log: {server.logs / (name + '.log')})", file=sys.stderr, flush=True)
 
     def start() -> None:
         print(f"starting Argilla in {server.home} (logs: {server.logs}) …", file=sys.stderr, flush=True)
@@ -308,7 +346,7 @@ def serve(home: Path, port: int | None = None, host: str = "127.0.0.1", database
               "Ctrl-C stops it", flush=True)
 
     try:
-        return run_until_signal(server.check_alive, start)
+        return run_until_signal(supervise, start)
     finally:
         server.stop()
 

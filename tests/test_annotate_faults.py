@@ -2,8 +2,9 @@
 Redis, and of PostgreSQL.
 
 A crowd of annotators (annotate/crowd.py) submits through the call the UI makes. Once a third of
-the answers are acknowledged, one process gets SIGKILL and is brought back a moment later, as an
-operator (or systemd) would; meanwhile the annotators see errors and submit again. Then every
+the answers are acknowledged, one process gets SIGKILL and is brought back a moment later, as
+``annotate serve`` does (``ArgillaServer.restart_exited``; PostgreSQL by the test, as its own
+service manager would); meanwhile the annotators see errors and submit again. Then every
 response is read back: each acknowledged one is stored with its value (lost 0), none twice
 (duplicated 0), every planned answer got in, and the clients did see the outage as errors.
 
@@ -86,23 +87,22 @@ def crowd_under_fault(server, dataset: str, fault) -> tuple[dict, dict]:
     return log.summary(), audit(server.url, server.api_key, dataset, "argilla", log)
 
 
-def restarted(server: ArgillaServer) -> None:
-    """What the operator does after a crash: stop what is left, start again on the same home and port."""
+def restarted(server: ArgillaServer, name: str) -> None:
+    """What ``annotate serve`` does when a process dies: start it again (on the same home and port)."""
     time.sleep(DOWN_S)
-    server.stop()
-    server.start()
+    assert name in server.restart_exited()
 
 
 def kill_server(server: ArgillaServer) -> None:
     server.procs["server"].send_signal(signal.SIGKILL)
     server.procs["server"].wait(timeout=30)
-    restarted(server)
+    restarted(server, "server")
 
 
 def kill_redis(server: ArgillaServer) -> None:
     server.procs["redis"].send_signal(signal.SIGKILL)
     server.procs["redis"].wait(timeout=30)
-    restarted(server)
+    restarted(server, "redis")
 
 
 @pytest.mark.parametrize("database,killed", [("sqlite", "server"), ("postgresql", "server"), ("postgresql", "redis"),
@@ -125,3 +125,18 @@ def test_no_acknowledged_response_is_lost_when_a_process_is_killed(servers, clus
     if killed != "redis":                        # the database and the API are down a while: clients saw it
         assert summary["client_errors"] > 0, summary
     assert server.healthy()
+    server.check_alive()                         # redis, server and worker all running again
+
+
+def test_a_crash_loop_stops_the_supervision_with_the_log(servers):
+    """Past the restart limit ``restart_exited`` gives up with the dead process's log instead of restarting."""
+    from smolforge.errors import ServiceError
+
+    server = servers["sqlite"]
+    server.procs["worker"].send_signal(signal.SIGKILL)
+    server.procs["worker"].wait(timeout=30)
+    with pytest.raises(ServiceError, match=r"Argilla's worker process exited with code -9; end of .*worker\.log"):
+        server.restart_exited(limit=len(server.restarts))
+    assert server.procs["worker"].poll() is not None              # not started again
+    server.restarts.clear()
+    assert server.restart_exited() == ["worker"] and server.healthy()

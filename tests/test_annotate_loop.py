@@ -126,19 +126,27 @@ def snapshot(loop, min_votes):
 
 
 def restart(loop, kill_server: bool, restore_from=None) -> None:
-    """Stop ``annotate serve`` (SIGTERM), or SIGKILL its argilla-server process (the supervisor notices
-    and exits); either way no process of it (redis, server, worker) and no scratch folder is left.
-    With ``restore_from`` (a backup file) the server comes back on a fresh home restored from it."""
+    """SIGKILL the argilla-server process of ``annotate serve``: the supervisor starts it again on the
+    same URL. Or stop ``annotate serve`` (SIGTERM): no process of it (redis, server, worker) and no
+    scratch folder is left, and it is started again; with ``restore_from`` (a backup file) on a fresh
+    home restored from it."""
+    import time
+
     import psutil
 
     home = loop["runs"].root / ".argilla"
     spawned = psutil.Process(loop["proc"].pid).children(recursive=True)
     assert len(spawned) >= 3                                         # redis, server, worker
     if kill_server:
-        os.kill(json.loads((home / SERVER_FILE).read_text())["server_pid"], signal.SIGKILL)
-        assert loop["proc"].wait(timeout=60) != 0
-    else:
-        assert stop_serve(loop["proc"]) == 0
+        killed = json.loads((home / SERVER_FILE).read_text())["server_pid"]
+        os.kill(killed, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        while json.loads((home / SERVER_FILE).read_text())["server_pid"] == killed or running_url(home) is None:
+            assert time.monotonic() < deadline, "annotate serve did not start the killed server again"
+            time.sleep(0.3)
+        assert loop["proc"].poll() is None and running_url(home) == loop["url"]
+        return
+    assert stop_serve(loop["proc"]) == 0
     gone, alive = psutil.wait_procs(spawned, timeout=10)
     assert not alive, alive
     assert running_url(home) is None and not (home / SERVER_FILE).exists() and not (home / "tmp").exists()
