@@ -131,7 +131,7 @@ def test_mini_batch_size_must_divide_batch_size(runs, sft_run, data_run):
     ({"parent": "no-such-run"}, "no-such-run"),
     ({"ppo": {"precision": "fp16"}}, "ppo.precision must be one of auto, fp32, bf16, got 'fp16'"),
     ({"ppo": {"deepspeed": "no/such/zero3.json"}}, "ppo.deepspeed: no/such/zero3.json not found"),
-    ({"ppo": {"vllm_gpu_memory_utilization": 1.5}}, "vllm_gpu_memory_utilization is a share of the GPU"),
+    ({"ppo": {"vllm_gpu_memory_utilization": 1.5}}, "ppo.vllm_gpu_memory_utilization must be <= 1, got 1.5"),
     ({"ppo": {"vllm_gpu_memory_utilization": 0}}, "between 0 and 1"),
 ])
 def test_bad_recipes_fail_before_any_work(runs, sft_run, data_run, changes, message):

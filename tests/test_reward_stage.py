@@ -95,7 +95,7 @@ def test_lora_reward_model_is_merged_into_a_plain_model_with_its_adapter_kept(ru
 
 
 @pytest.mark.parametrize("fraction, message", [(0, r"eval_fraction must be in \(0, 0.5\]"),
-                                               (0.6, r"eval_fraction must be in \(0, 0.5\]"),
+                                               (0.6, r"eval_fraction must be <= 0.5, got 0.6"),
                                                (-0.1, r"eval_fraction must be >= 0, got -0.1")])
 def test_eval_fraction_outside_its_range_is_a_recipe_error(runs, sft_run, data_run, fraction, message):
     with pytest.raises(RecipeError, match=message):
