@@ -1,5 +1,6 @@
 """The human loop for real: ``smolforge annotate serve`` on a fresh home (private Redis, SQLite),
-push from a trained run, two annotators answering through the SDK, restarts between submissions,
+push from a trained run, two annotators answering through the SDK, restarts between submissions
+(one a SIGKILL of argilla-server while a crowd submits: nothing acknowledged is lost),
 pull, agreement and pairs, DPO on the pulled pairs, the pipeline step, and the CLI's errors.
 
 Skipped when the argilla-server venv (``make setup``) or redis-server is missing.
@@ -21,6 +22,8 @@ import pytest
 
 from smolforge.annotate.server import REPO, SERVER_FILE, running_url
 from smolforge.cli import main
+
+from crowd_faults import assert_nothing_lost, crowd_under_fault
 
 rg = pytest.importorskip("argilla")
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(
@@ -191,7 +194,13 @@ def test_two_annotators_survive_restarts_and_pull_into_pairs_with_agreement(loop
     counts = answer_all(loop["url"], key_2, records, decider(1))
     assert (counts["submitted"], counts["discarded"], counts["skipped"]) == (N - 2, 1, 1)
     before = snapshot(loop, min_votes=2)
-    restart(loop, kill_server=True)
+    # SIGKILL of argilla-server while a crowd submits to another dataset: `annotate serve` starts it again
+    summary, checked = crowd_under_fault(loop["url"], KEY, "crowd", lambda: restart(loop, kill_server=True),
+                                         annotators=2, records=24)
+    with capsys.disabled():
+        print(f"\nSIGKILL argilla-server: {summary['responses']} acknowledged, {summary['client_errors']} client "
+              f"errors {summary['error_kinds']}, {summary['acknowledged_on_retry']} acknowledged on retry; {checked}")
+    assert_nothing_lost(summary, checked, 2 * 24, errors_seen=True)
     assert snapshot(loop, min_votes=2) == before
 
     rc, out = cli(loop, "status", *push_args(loop), capsys=capsys)
