@@ -15,8 +15,9 @@ acknowledged ones that are missing or differ (*lost*) and the (user, record) pai
     log = submit_concurrently(url, scripted_users(url, owner_key, "argilla", 20), records, decide)
     audit(url, owner_key, "review", "argilla", log)      # {"lost": 0, "duplicated": 0, ...}
 
-    >>> percentile([0.1, 0.2, 0.3, 0.4], 50), percentile(range(1, 21), 95), percentile([], 50)
-    (0.25, 19.05, None)
+    >>> log = CrowdLog(planned=3, latencies=[0.1, 0.2, 0.3, 0.4])
+    >>> {k: log.summary()[k] for k in ("p50_s", "p95_s", "unfinished")}
+    {'p50_s': 0.25, 'p95_s': 0.385, 'unfinished': 3}
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CrowdLog", "submit_concurrently", "audit", "percentile"]
+__all__ = ["CrowdLog", "submit_concurrently", "audit"]
 
 Decide = Callable[[str, Mapping], "tuple[Any, str] | None"]
 
@@ -53,24 +54,15 @@ class CrowdLog:
         done = len(self.acknowledged)
         return {"responses": done, "planned": self.planned, "seconds": round(self.seconds, 2),
                 "responses_per_s": round(done / self.seconds, 1) if self.seconds else None,
-                "p50_s": _round(percentile(self.latencies, 50)), "p95_s": _round(percentile(self.latencies, 95)),
+                "p50_s": _percentile(self.latencies, 50), "p95_s": _percentile(self.latencies, 95),
                 "client_errors": sum(self.errors.values()), "error_kinds": dict(self.errors),
                 "acknowledged_on_retry": self.conflicts, "unfinished": self.unfinished}
 
 
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 4)
+def _percentile(values: Sequence[float], q: float) -> float | None:
+    import numpy as np
 
-
-def percentile(values: Sequence[float], q: float) -> float | None:
-    """The ``q``-th percentile with linear interpolation (numpy's default); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = int(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return round(float(np.percentile(values, q)), 4) if values else None
 
 
 def submit_concurrently(url: str, annotators: Sequence[tuple[str, str]], records: Sequence[Mapping], decide: Decide,

@@ -156,13 +156,7 @@ def build_record(prompt: Prompt, responses: Sequence[str], run_ids: Sequence[str
 
 
 def _has_surrogates(value: Any) -> bool:
-    if isinstance(value, str):
-        return _SURROGATE.search(value) is not None
-    if isinstance(value, Mapping):
-        return any(_has_surrogates(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return any(_has_surrogates(v) for v in value)
-    return False
+    return _SURROGATE.search(json.dumps(value, ensure_ascii=False)) is not None   # dumps leaves them as they are
 
 
 def _map_text(value: Any, change) -> Any:

@@ -244,15 +244,16 @@ class ArgillaServer:
         write_json_atomic(self.home / SERVER_FILE, {"url": self.url, "pid": os.getpid(),
                                                     "server_pid": self.procs["server"].pid})
 
-    def restart_exited(self, limit: int = 5, window_s: float = 600.0) -> list[str]:
-        """Start again each process (Redis, server, worker) that has exited, as a supervisor does; the
-        names restarted. Annotations are in the database and Redis holds only the job queue, so a
+    def restart_exited(self, limit: int = 5, window_s: float = 600.0) -> dict[str, int]:
+        """Start again each process (Redis, server, worker) that has exited, as a supervisor does;
+        ``{name: its exit code}`` of those restarted. Annotations are in the database and Redis holds only the job queue, so a
         restart loses nothing acknowledged. More than ``limit`` restarts in ``window_s`` seconds (a
         crash loop) is a ServiceError with the log's end, as is a server that does not come back.
         """
-        exited = [name for name in self.commands if name in self.procs and self.procs[name].poll() is not None]
+        exited = {name: self.procs[name].returncode for name in self.commands
+                  if name in self.procs and self.procs[name].poll() is not None}
         if not exited:
-            return []
+            return {}
         now = time.monotonic()
         self.restarts = [t for t in self.restarts if now - t < window_s] + [now] * len(exited)
         if len(self.restarts) > limit:
@@ -331,9 +332,8 @@ def serve(home: Path, port: int | None = None, host: str = "127.0.0.1", database
     server = ArgillaServer(home, port=port, host=host, database_url=database_url)
 
     def supervise() -> None:
-        codes = {name: proc.poll() for name, proc in server.procs.items()}
-        for name in server.restart_exited():
-            print(f"Argilla's {name} process exited (code {codes[name]}); started it again "
+        for name, code in server.restart_exited().items():
+            print(f"Argilla's {name} process exited (code {code}); started it again "
                   f"(log: {server.logs / (name + '.log')})", file=sys.stderr, flush=True)
 
     def start() -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator
+from typing import TextIO
 from pathlib import Path
 
 from smolforge.errors import DataError
@@ -34,24 +35,25 @@ def read_jsonl(path: str | Path) -> Iterator[tuple[int, dict]]:
             yield line_no, obj
 
 
-def json_line(row: dict, default=None) -> str:
-    """``row`` as one JSON line: UTF-8 text as is, unless it holds lone surrogates (which UTF-8 cannot
-    carry): then ASCII with ``\\uXXXX`` escapes, which reads back to the same string.
+def write_row(handle: TextIO, row: dict, default=None) -> None:
+    """Write ``row`` as one JSON line to a UTF-8 text ``handle``. Text goes as is, except in a row with
+    lone surrogates (which UTF-8 cannot carry): that row goes as ASCII JSON, ``\\ud800`` escaped,
+    which reads back to the same string.
 
-    >>> json_line({"t": "é"}), json_line({"t": "bad \\ud800"})
-    ('{"t": "é"}\\n', '{"t": "bad \\\\ud800"}\\n')
+    >>> import io
+    >>> out = io.TextIOWrapper(io.BytesIO(), encoding="utf-8")
+    >>> write_row(out, {"t": "é"}); write_row(out, {"t": "bad \\ud800"}); out.flush()
+    >>> out.buffer.getvalue().decode().splitlines()
+    ['{"t": "é"}', '{"t": "bad \\\\ud800"}']
     """
-    line = json.dumps(row, ensure_ascii=False, default=default)
-    if not line.isascii():
-        try:
-            line.encode("utf-8")
-        except UnicodeEncodeError:
-            line = json.dumps(row, default=default)
-    return line + "\n"
+    try:        # the text layer encodes the whole string before it buffers any of it
+        handle.write(json.dumps(row, ensure_ascii=False, default=default) + "\n")
+    except UnicodeEncodeError:
+        handle.write(json.dumps(row, default=default) + "\n")
 
 
 def write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
     """Write rows atomically (temp file in the same folder, then rename)."""
     with atomic_writer(path) as handle:
         for row in rows:
-            handle.write(json_line(row))
+            write_row(handle, row)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from smolforge.errors import DataError
 
-from .jsonl import json_line, read_jsonl
+from .jsonl import read_jsonl, write_row
 
 
 class ShardWriter:
@@ -52,7 +52,7 @@ class ShardWriter:
             self._handle = self._tmp.open("w", encoding="utf-8")
             self.paths.append(final)
         # default=str: source columns such as Parquet timestamps pass through as text
-        self._handle.write(json_line(row, default=str))
+        write_row(self._handle, row, default=str)
         self.rows += 1
 
     def _seal(self) -> None:

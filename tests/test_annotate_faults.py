@@ -83,4 +83,4 @@ def test_a_crash_loop_stops_the_supervision_with_the_log(server):
         server.restart_exited(limit=len(server.restarts))
     assert server.procs["worker"].poll() is not None              # not started again
     server.restarts.clear()
-    assert server.restart_exited() == ["worker"] and server.healthy()
+    assert server.restart_exited() == {"worker": -9} and server.healthy()

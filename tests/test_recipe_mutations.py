@@ -12,9 +12,7 @@ TRL config's ``warmup_ratio``) are not generated.
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
-import pytest
 import yaml
 
 from conftest import REPO
@@ -75,7 +73,8 @@ def variants():
     for path in RECIPES:
         data = yaml.safe_load(path.read_text())
         for key, value in leaves({k: v for k, v in data.items() if k != "stage"}):
-            for kind, bad in wrong_values(value, upper_bound(data["stage"], key) if isinstance(value, (int, float)) else None):
+            bound = upper_bound(data["stage"], key) if isinstance(value, (int, float)) else None
+            for kind, bad in wrong_values(value, bound):
                 if kind == "range" and key in NEGATIVE_IS_A_SETTING:
                     continue
                 if (data["stage"], key, repr(bad)) not in seen:
@@ -97,7 +96,7 @@ def test_every_key_of_every_shipped_recipe_given_a_wrong_type_or_shape_exits_2_w
                                                                                               monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     runs = tmp_path / "runs"
-    tried, failures = 0, []
+    tried, above, failures = 0, 0, []
     for path, data, key, kind, bad in variants():
         recipe = tmp_path / path.parent.name / path.name
         recipe.parent.mkdir(exist_ok=True)
@@ -105,11 +104,11 @@ def test_every_key_of_every_shipped_recipe_given_a_wrong_type_or_shape_exits_2_w
         code = main(["--runs-dir", str(runs), data["stage"], "--config", str(recipe)])
         lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         tried += 1
+        above += kind == "above"
         named = key.rsplit(".", 1)[0] if key in SECTION_NAMED else key.rsplit(".", 1)[-1]
         if code != 2 or len(lines) != 1 or str(recipe) not in lines[0] or named not in lines[0] \
                 or "Traceback" in lines[0]:
             failures.append(f"{path.relative_to(REPO)} {key} = {bad!r} ({kind}): exit {code}: {lines[-3:]}")
-    above = sum(1 for *_, kind, _ in variants() if kind == "above")
     print(f"\n{tried} variants of {len(RECIPES)} recipes ({above} above an upper bound)")
     assert tried > 400 and above >= 8
     assert not failures, "\n".join(failures[:20])
