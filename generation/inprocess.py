@@ -23,10 +23,17 @@ __all__ = ["prepare_process", "engine_kwargs"]
 
 
 def prepare_process(*, cpu: bool | None = None) -> None:
-    """Set this process's vLLM environment for an in-process engine (CPU: KV cache, threads, no engine process)."""
+    """Set this process's vLLM environment for an in-process engine (CPU: KV cache, threads, no engine
+    process, and torch.compile off as for a CPU server, :func:`~smolforge.generation.server.server_env`:
+    torch has read ``TORCH_COMPILE_DISABLE`` already, so its setting is changed in place)."""
     if cpu if cpu is not None else not cuda_present():
-        os.environ.update({k: v for k, v in server_env(cpu=True).items() if k.startswith("VLLM_")})
+        env = server_env(cpu=True)
+        os.environ.update({k: v for k, v in env.items() if k.startswith("VLLM_")})
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if env["TORCH_COMPILE_DISABLE"] == "1":
+            import torch._dynamo
+
+            torch._dynamo.config.disable = True
 
 
 def engine_kwargs(*, cpu: bool | None = None, gpu_memory_utilization: float = 0.5) -> dict:

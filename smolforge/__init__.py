@@ -8,3 +8,7 @@ alignment/ and evals/ and are imported only when their command runs.
     '0.1.0'
 """
 __version__ = "0.1.0"
+
+from smolforge.lean_imports import install as _install_lean_imports  # noqa: E402
+
+_install_lean_imports()

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from smolforge.commands import Context, add_stage_parser, add_tool_parser, close_option, epilog, extra_overrides
 from smolforge.errors import RecipeError, SmolforgeError, Terminated
-from smolforge.processes import use_environment_extension_cache
+from smolforge.processes import release_process_group, use_environment_extension_cache
 
 __all__ = ["main", "build_parser", "extra_overrides", "split_global_options", "lineage_lines"]
 
@@ -433,6 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     use_environment_extension_cache()
+    own_process = argv is None
     if argv is None:  # the command itself (not a caller in its own process): SIGTERM unwinds, runs record it
         unwind_on_sigterm()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -478,3 +479,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 141
+    finally:
+        if own_process:   # a stage under a launcher: its group ends before the interpreter does
+            release_process_group()

@@ -42,6 +42,20 @@ def use_environment_extension_cache() -> None:
         os.environ["TORCH_EXTENSIONS_DIR"] = str(cache)
 
 
+def release_process_group() -> None:
+    """Destroy torch.distributed's default process group if this process holds one.
+
+    A process that exits with a Gloo group alive can abort in interpreter shutdown (SIGABRT,
+    "terminate called without an active exception": Gloo's worker threads outlive Python), so a
+    run already marked done would exit -6. Cheap when torch was never imported.
+
+    >>> release_process_group()  # no group: nothing to do
+    """
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is not None and distributed.is_available() and distributed.is_initialized():
+        distributed.destroy_process_group()
+
+
 def ephemeral_range() -> tuple[int, int]:
     """The kernel's range for outgoing connections' local ports (Linux's default where unreadable)."""
     try:

@@ -1,4 +1,7 @@
-"""The eval stage's backends (HF, in-process vLLM, endpoint), parity checks and staged lm-eval tasks."""
+"""The eval stage's backends (HF, in-process vLLM, endpoint), parity checks and staged lm-eval tasks.
+
+HF against an endpoint, document by document, runs in test_serve.py through the server that
+`smolforge serve` starts there (one vLLM start for both)."""
 from __future__ import annotations
 
 import json
@@ -17,26 +20,6 @@ from smolforge.registry import load_stage
 
 def eval_recipe(**changes):
     return build_stage_recipe(load_stage("eval"), {"suite": "embedded", **changes}, source="eval (test)")
-
-
-@pytest.mark.slow
-@needs_vllm
-def test_hf_and_self_served_endpoint_agree_document_by_document(runs, sft_run):
-    stage = load_stage("eval")
-    recipe = eval_recipe(run=sft_run.name, limit=8, parity="endpoint")
-    stage.validate(recipe, runs)
-    stage.run(recipe, runs)
-    report = json.loads((sft_run.eval_dir / "embedded-parity.json").read_text())
-    assert (report["first"], report["second"], report["agree"]) == ("hf", "endpoint", True)
-    assert set(report["tasks"]) == {"arith", "facts", "instruct", "prefs", "reason"}
-    for task in report["tasks"].values():
-        assert task["documents"] == 8 and task["documents_differing"] == 0
-    margin = report["tasks"]["prefs"]["metrics"]["margin"]
-    assert abs(margin["diff"]) < 1e-4 and margin["first"] != 0       # log-likelihoods really compared
-    result = json.loads((sft_run.eval_dir / "embedded.json").read_text())
-    assert result["backend"] == "hf" and result["settings"]["chat_template"].startswith("sha256:")
-    assert result["tasks"]["instruct"]["apply_chat_template"] is True
-    assert sft_run.reload().metrics["parity/endpoint/agree"] == 1.0
 
 
 @pytest.mark.slow

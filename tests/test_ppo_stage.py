@@ -251,6 +251,7 @@ def test_gradient_checkpointing_trains_both_backbones(runs, sft_run, data_run):
 ZERO3_STEP = """
 import json, sys
 from smolforge.alignment import ppo, ppo_math, ppo_models, ppo_step
+from smolforge.processes import release_process_group
 spec = ppo.PPOSpec(batch_size=4, mini_batch_size=2, ppo_epochs=1, max_new_tokens=4, learning_rate=1e-4,
                    deepspeed=sys.argv[2], precision=sys.argv[3], gradient_checkpointing=True)
 accelerator = ppo.make_accelerator(spec)
@@ -263,6 +264,7 @@ print(json.dumps({"zero3": ppo_models.zero3(accelerator), "micro": config["train
                   "train_batch": config["train_batch_size"], "clip": config["gradient_clipping"],
                   "bf16": config["bf16"]["enabled"], "bucket": config["zero_optimization"]["reduce_bucket_size"],
                   "value_loss": metrics["value_loss"]}))
+release_process_group()   # as the smolforge command does at exit
 """
 
 

@@ -33,8 +33,25 @@ def get_json(url: str):
         return reply.status, json.loads(reply.read() or b"null")
 
 
+def score_through(runs, sft_run, endpoint: str) -> None:
+    """The embedded suite scored by HF in-process and through ``endpoint``: the parity report's verdict."""
+    from smolforge.recipe import build_stage_recipe
+    from smolforge.registry import load_stage
+
+    stage = load_stage("eval")
+    recipe = build_stage_recipe(stage, {"suite": "embedded", "run": sft_run.name, "limit": 8, "parity": "endpoint",
+                                        "endpoint": endpoint}, source="eval (test)")
+    stage.validate(recipe, runs)
+    stage.run(recipe, runs)
+
+
 @needs_vllm
-def test_serve_on_all_interfaces_requires_its_key_answers_completions_then_stops_on_sigterm(runs, sft_run, tmp_path):
+def test_serve_on_all_interfaces_requires_its_key_answers_completions_then_stops_on_sigterm(runs, sft_run, tmp_path,
+                                                                                          monkeypatch):
+    """`smolforge serve` on all interfaces with a key; the eval stage scores the run through it (the key
+    from $OPENAI_API_KEY) document for document as HF does in-process; SIGTERM ends both processes."""
+    from smolforge.errors import ServiceError
+
     key_file = tmp_path / "serve-key"
     key_file.write_text("k3y-" + os.urandom(12).hex() + "\n")
     key = key_file.read_text().strip()
@@ -63,6 +80,24 @@ def test_serve_on_all_interfaces_requires_its_key_answers_completions_then_stops
             data=json.dumps({"model": sft_run.name, "prompt": "Bo eats", "max_tokens": 4, "temperature": 0}).encode())
         with urllib.request.urlopen(request, timeout=60) as reply:
             assert json.loads(reply.read())["choices"][0]["finish_reason"] in ("stop", "length")
+
+        endpoint = f"http://127.0.0.1:{port}/v1"
+        monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+        with pytest.raises(ServiceError, match=r"/v1/completions: .*401"):
+            score_through(runs, sft_run, endpoint)
+        monkeypatch.setenv("OPENAI_API_KEY", key)
+        score_through(runs, sft_run, endpoint)
+        report = json.loads((sft_run.eval_dir / "embedded-parity.json").read_text())
+        assert (report["first"], report["second"], report["agree"]) == ("hf", "endpoint", True)
+        assert set(report["tasks"]) == {"arith", "facts", "instruct", "prefs", "reason"}
+        for task in report["tasks"].values():
+            assert task["documents"] == 8 and task["documents_differing"] == 0
+        margin = report["tasks"]["prefs"]["metrics"]["margin"]
+        assert abs(margin["diff"]) < 1e-4 and margin["first"] != 0       # log-likelihoods really compared
+        result = json.loads((sft_run.eval_dir / "embedded.json").read_text())
+        assert result["backend"] == "hf" and result["settings"]["chat_template"].startswith("sha256:")
+        assert result["tasks"]["instruct"]["apply_chat_template"] is True
+        assert sft_run.reload().metrics["parity/endpoint/agree"] == 1.0
     finally:
         cli.send_signal(signal.SIGTERM)
         code = cli.wait(timeout=60)
