@@ -13,7 +13,7 @@ imports scikit-learn.
 
     >>> install(); install()   # idempotent: ``import smolforge`` has already called it
 
-tests/test_lean_imports.py checks it in a fresh process.
+tests/test_lean_imports.py checks the stand-ins; test_ppo_stage.py, that a PPO step's process never loads scikit-learn.
 """
 from __future__ import annotations
 

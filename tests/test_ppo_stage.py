@@ -263,7 +263,8 @@ config = accelerator.deepspeed_config
 print(json.dumps({"zero3": ppo_models.zero3(accelerator), "micro": config["train_micro_batch_size_per_gpu"],
                   "train_batch": config["train_batch_size"], "clip": config["gradient_clipping"],
                   "bf16": config["bf16"]["enabled"], "bucket": config["zero_optimization"]["reduce_bucket_size"],
-                  "value_loss": metrics["value_loss"]}))
+                  "value_loss": metrics["value_loss"],
+                  "sklearn_loaded": "sklearn" in sys.modules}))   # smolforge/lean_imports.py: not for a PPO step
 release_process_group()   # as the smolforge command does at exit
 """
 
@@ -293,3 +294,4 @@ def test_ppo_deepspeed_fills_the_zero3_recipes_auto_values(sft_run, tmp_path, pr
     assert found["zero3"] and (found["micro"], found["train_batch"], found["clip"]) == (2, 2, 1.0)
     assert found["bf16"] is (precision == "bf16") and found["bucket"] == hidden * hidden
     assert math.isfinite(found["value_loss"])
+    assert found["sklearn_loaded"] is False   # transformers, TRL, accelerate and DeepSpeed loaded; scikit-learn deferred

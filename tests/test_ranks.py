@@ -89,7 +89,7 @@ def two_rank_pipeline(tmp_path_factory, runs, data_run, pretrain_run):
     gathered = accelerate_config(folder, "zero3", gather_on_save=True)
     own_gather = accelerate_config(folder, "zero3-nogather", gather_on_save=False)
     common = {"data": data_run.name}
-    rl = {"generation": "hf", "eval_max_new_tokens": 4, "rewards": ["answer_match"],
+    rl = {"generation": "hf", "eval_max_new_tokens": 4, "heldout_fraction": 0.05, "rewards": ["answer_match"],
           "trainer": {"num_generations": 4, "max_completion_length": 6}}
     pipeline = {"pipeline": [
         step("sft", gathered, name="sft-2r", parent=pretrain_run.name, eval_fraction=0, early_stopping_patience=0,

@@ -39,7 +39,7 @@ def score_through(runs, sft_run, endpoint: str) -> None:
     from smolforge.registry import load_stage
 
     stage = load_stage("eval")
-    recipe = build_stage_recipe(stage, {"suite": "embedded", "run": sft_run.name, "limit": 8, "parity": "endpoint",
+    recipe = build_stage_recipe(stage, {"suite": "embedded", "run": sft_run.name, "limit": 4, "parity": "endpoint",
                                         "endpoint": endpoint}, source="eval (test)")
     stage.validate(recipe, runs)
     stage.run(recipe, runs)
@@ -91,7 +91,7 @@ def test_serve_on_all_interfaces_requires_its_key_answers_completions_then_stops
         assert (report["first"], report["second"], report["agree"]) == ("hf", "endpoint", True)
         assert set(report["tasks"]) == {"arith", "facts", "instruct", "prefs", "reason"}
         for task in report["tasks"].values():
-            assert task["documents"] == 8 and task["documents_differing"] == 0
+            assert task["documents"] == 4 and task["documents_differing"] == 0
         margin = report["tasks"]["prefs"]["metrics"]["margin"]
         assert abs(margin["diff"]) < 1e-4 and margin["first"] != 0       # log-likelihoods really compared
         result = json.loads((sft_run.eval_dir / "embedded.json").read_text())

@@ -41,6 +41,7 @@ class Recipe:
     name: str = "{stage}-fake"     # run name
     parent: str | None = None      # parent run
     fail: bool = False             # raise DataError inside the run
+    crash: bool = False            # raise RuntimeError inside the run (a bug: a traceback, exit code 1)
     tokens: int = 100              # reported as train/tokens
     trainer: Trainer = field(default_factory=Trainer)
 
@@ -61,6 +62,8 @@ def run(recipe, runs, *, overwrite=False):
             run.log(step, loss=1.0 / (step + 1))
         if recipe.fail:
             raise DataError("fake failure inside the stage")
+        if recipe.crash:
+            raise RuntimeError("fake bug inside the stage")
         run.finish({{"train/tokens": recipe.tokens, "train/loss": 0.5, "train/pid": os.getpid()}})
     return run
 '''
@@ -369,6 +372,23 @@ def test_failing_pipeline_step_stops_the_pipeline(fake_env):
     assert info["status"] == "failed" and info["error"] == "DataError: fake failure inside the stage"
     assert not (runs_dir / "s2").exists()
     assert "s1" in out.stdout and "failed" in out.stdout  # summary so far was printed
+
+
+def test_a_step_that_crashes_shows_its_traceback_and_stops_the_pipeline(fake_env):
+    f = write(fake_env / "pipe.yaml", """\
+        pipeline:
+          - {stage: pretrain, name: p1, crash: true}
+          - {stage: sft, name: s1, parent: p1}
+        """)
+    out = smolforge("pipeline", str(f), cwd=fake_env)
+    assert out.returncode == 2
+    # the stage's traceback ends in its RuntimeError, which the pipeline points to
+    assert "Traceback" in out.stderr and "RuntimeError: fake bug inside the stage" in out.stderr
+    assert "pipeline step 1 (stage pretrain, run p1) failed with exit code 1; see the output above" in out.stderr
+    runs_dir = (fake_env / "runs").resolve()
+    info = json.loads((runs_dir / "p1" / "run.json").read_text())
+    assert info["status"] == "failed" and info["error"] == "RuntimeError: fake bug inside the stage"
+    assert not (runs_dir / "s1").exists()
 
 
 def test_pipeline_step_failing_validation_names_the_step(fake_env):

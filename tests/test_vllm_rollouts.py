@@ -34,46 +34,6 @@ def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
     return results
 
 
-@needs_vllm
-def test_server_samples_what_hf_would_and_follows_weight_updates(sft_run, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from smolforge.generation.prompts import load_tokenizer
-    from smolforge.generation.prompts import encode_prompts
-    from smolforge.generation.rollouts import ServerRollouts
-
-    tokenizer = load_tokenizer(sft_run.model_dir)
-    model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
-    prompt_ids = encode_prompts(tokenizer, PROMPTS)
-    rollouts = ServerRollouts(sft_run.model_dir, tmp_path / "rollouts").start()
-    try:
-        assert rollouts.server.url.startswith("http://127.0.0.1:")
-        served = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
-        expected = hf_greedy(model, tokenizer, prompt_ids, 8)
-        assert [ids for ids, _ in served] == [ids for ids, _ in expected]          # fp32: token for token
-        for (_, got), (_, want) in zip(served, expected):
-            assert got == pytest.approx(want, abs=1e-4)
-
-        with torch.no_grad():                                                     # a different policy
-            torch.manual_seed(0)
-            for param in model.parameters():
-                param.add_(torch.randn_like(param) * 0.2)
-        moved = hf_greedy(model, tokenizer, prompt_ids, 8)
-        assert [ids for ids, _ in moved] != [ids for ids, _ in expected]
-        rollouts.sync(model)
-        after = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
-        assert [ids for ids, _ in after] == [ids for ids, _ in moved]
-
-        sampled = rollouts.generate(prompt_ids[:1] * 2, max_tokens=8, temperature=1.0, n=4)
-        assert len(sampled) == 8 and all(1 <= len(ids) <= 8 and len(lps) == len(ids) for ids, lps in sampled)
-        assert len({tuple(ids) for ids, _ in sampled}) > 1      # identical prompts still sample differently
-    finally:
-        rollouts.stop()
-    assert rollouts.server.process.poll() is not None
-    assert not list((tmp_path / "rollouts").glob("weights-*"))
-    assert (tmp_path / "rollouts" / "vllm-server.log").stat().st_size > 0
-
-
 def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
     from smolforge.generation.server import VLLMServer
 
@@ -114,11 +74,29 @@ def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_pat
 
 
 @needs_vllm
-def test_ppo_rolls_out_through_the_vllm_server(runs, sft_run, data_run):
+def test_ppo_rolls_out_through_the_vllm_server_which_samples_what_hf_would_and_follows_weight_updates(
+        runs, sft_run, data_run, monkeypatch):
+    """The PPO stage boots its vLLM server while its models load and pushes the policy before each
+    rollout. The stage's own server is then kept (its stop deferred to the end of this test: one
+    vLLM start for both halves) to check the rollouts themselves against HF, token for token in fp32."""
+    from transformers import AutoModelForCausalLM
+
     from test_ppo_stage import ppo_recipe
 
     from smolforge.alignment import ppo
+    from smolforge.generation.prompts import encode_prompts, load_tokenizer
+    from smolforge.generation.rollouts import ServerRollouts
 
+    kept, stops = [], []
+
+    def keep_server(model_dir, workdir, spec):
+        rollouts = build(model_dir, workdir, spec)
+        monkeypatch.setattr(rollouts, "stop", lambda: stops.append(rollouts))
+        kept.append(rollouts)
+        return rollouts
+
+    build = ppo.server_rollouts
+    monkeypatch.setattr(ppo, "server_rollouts", keep_server)
     recipe = ppo_recipe(name="ppo-vllm", generation="auto" if torch.cuda.is_available() else "vllm")
     ppo.validate(recipe, runs)
     run = ppo.run(recipe, runs, overwrite=True)
@@ -127,4 +105,35 @@ def test_ppo_rolls_out_through_the_vllm_server(runs, sft_run, data_run):
     assert [s["step"] for s in steps] == [1, 2] and all(s["completion_length"] >= 1 for s in steps)
     assert run.metrics["rl/weight_syncs"] == 2                        # pushed before each of the 2 rollouts
     assert "Application startup complete" in (run.path / "rl" / "rollouts" / "vllm-server.log").read_text()
+    [rollouts] = kept
+    assert stops == [rollouts]                                        # the stage stopped what it started
+
+    tokenizer = load_tokenizer(sft_run.model_dir)
+    model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
+    prompt_ids = encode_prompts(tokenizer, PROMPTS)
+    try:
+        assert rollouts.server.url.startswith("http://127.0.0.1:")
+        rollouts.sync(model)                                          # back from PPO's policy to the SFT model
+        served = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
+        expected = hf_greedy(model, tokenizer, prompt_ids, 8)
+        assert [ids for ids, _ in served] == [ids for ids, _ in expected]          # fp32: token for token
+        for (_, got), (_, want) in zip(served, expected):
+            assert got == pytest.approx(want, abs=1e-4)
+
+        with torch.no_grad():                                                     # a different policy
+            torch.manual_seed(0)
+            for param in model.parameters():
+                param.add_(torch.randn_like(param) * 0.2)
+        moved = hf_greedy(model, tokenizer, prompt_ids, 8)
+        assert [ids for ids, _ in moved] != [ids for ids, _ in expected]
+        rollouts.sync(model)
+        after = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
+        assert [ids for ids, _ in after] == [ids for ids, _ in moved]
+
+        sampled = rollouts.generate(prompt_ids[:1] * 2, max_tokens=8, temperature=1.0, n=4)
+        assert len(sampled) == 8 and all(1 <= len(ids) <= 8 and len(lps) == len(ids) for ids, lps in sampled)
+        assert len({tuple(ids) for ids, _ in sampled}) > 1      # identical prompts still sample differently
+    finally:
+        ServerRollouts.stop(rollouts)
+    assert rollouts.server.process.poll() is not None
     assert not list((run.path / "rl" / "rollouts").glob("weights-*"))
