@@ -254,18 +254,19 @@ def test_two_cpu_ranks_over_gloo_are_healthy():
 
 @pytest.mark.slow
 def test_a_rank_whose_core_is_busy_is_flagged():
-    """Each rank pinned to its own core; twelve busy loops share rank 1's core while the ranks measure.
+    """Each rank pinned to its own core; twenty-four busy loops share rank 1's core while the ranks measure.
 
     Each loop is its own session, so the kernel's autogroup scheduling gives it a session's share of
-    the core, as much as rank 1's whole session gets: rank 1 is left at most a thirteenth of its core.
+    the core, as much as rank 1's whole session gets: rank 1 is left at most a twenty-fifth of its core.
     The kernel moves what else runs here (the other test worker, a busy machine) to rank 0's core,
-    so rank 0 keeps more than that unless a dozen other sessions compete for the machine. The loops
-    start when the ranks have joined, so the ranks' start-up is not slowed.
+    so rank 0 keeps more than that unless two dozen other sessions compete for the machine (with twelve
+    loops, the other worker's servers, each started in a session of its own, once left rank 0 the
+    slower). The loops start when the ranks have joined, so the ranks' start-up is not slowed.
     """
     cores = _two_cores()
     loops = [subprocess.Popen(["sh", "-c", "read -r go; while :; do :; done"], stdin=subprocess.PIPE,
                               start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, {cores[1]}))
-             for _ in range(12)]
+             for _ in range(24)]
 
     def spin() -> None:   # the loops wait on stdin: closing it sets them spinning at once
         for loop in loops:
