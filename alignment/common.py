@@ -243,14 +243,17 @@ def split_heldout(rows: list, fraction: float, seed: int) -> tuple[list, list]:
 def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
                       overwrite: bool = False, summarize: Callable[[Any], dict] | None = None,
                       eval_fraction: float = 0.0, export: Callable[[Any, Run], Any] | None = None,
-                      extra_parents: tuple[Run, ...] = ()) -> Run:
+                      extra_parents: tuple[Run, ...] = (),
+                      prepare: Callable[[list, Any], list] | None = None) -> Run:
     """The shape every TRL stage shares: parent model + data → trainer → ``model/`` + summary.
 
     ``make_trainer(model_dir, dataset, tokenizer, callbacks)`` builds the TRL trainer (with
     ``eval_fraction > 0`` it also gets ``eval_dataset=``, a seeded held-out split of the rows);
     ``summarize(trainer)`` adds stage-specific figures to the ``train/*`` summary;
     ``export(trainer, run)`` returns the model to save (e.g. LoRA merged into its base);
-    ``extra_parents`` are further runs the result depends on (e.g. DPO's reference run).
+    ``extra_parents`` are further runs the result depends on (e.g. DPO's reference run);
+    ``prepare(rows, tokenizer)`` turns the validated rows into what the trainer reads (e.g. SFT's
+    pre-tokenized assistant masks) before any run folder exists, so its errors leave none behind.
     """
     from datasets import Dataset
 
@@ -261,9 +264,11 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     parents = [parent] + ([data_run] if data_run else [])
     parents += [extra for extra in extra_parents if extra.name not in {p.name for p in parents}]
     fingerprints = lineage_fingerprints(parents, {kind: paths})
+    tokenizer = load_tokenizer(parent.model_dir)
+    if prepare is not None:
+        rows = prepare(rows, tokenizer)
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
-        tokenizer = load_tokenizer(parent.model_dir)
         callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
         if eval_fraction > 0:
             train_rows, eval_rows = split_heldout(rows, eval_fraction, recipe.trainer.seed)

@@ -27,7 +27,7 @@ from smolforge.lr_range import Sweep, fmt_lr
 from smolforge.runs import Run, Runs
 
 from .common import load_inputs, split_heldout
-from .sft import Recipe, pretraining_lr, resolve_learning_rate, trainer_factory
+from .sft import Recipe, prepare_rows, pretraining_lr, resolve_learning_rate, trainer_factory
 
 WINDOW_RULE = "the playbook's SFT LR: 1/10-1/5 of pretraining's peak"
 
@@ -62,6 +62,8 @@ def lr_find(recipe: Recipe, runs: Runs, sweep: Sweep) -> Run:
     parent, data_run, _, rows = load_inputs("sft", recipe, runs)
     if recipe.eval_fraction > 0:
         rows = split_heldout(rows, recipe.eval_fraction, recipe.trainer.seed)[0]
+    tokenizer = load_tokenizer(parent.model_dir)
+    rows = prepare_rows(recipe)(rows, tokenizer)   # assistant masks where the template has no markers
     resolved = copy.deepcopy(recipe)
     resolve_learning_rate(resolved, runs)
     parents = [parent] + ([data_run] if data_run else [])
@@ -79,8 +81,7 @@ def lr_find(recipe: Recipe, runs: Runs, sweep: Sweep) -> Run:
         with sweep.run(runs, "sft", recipe, parents) as run:
             swept = dataclasses.replace(recipe, trainer=sweep_args(recipe, sweep, str(run.path / "trainer")),
                                         early_stopping_patience=0)
-            trainer = trainer_factory(swept)(parent.model_dir, Dataset.from_list(rows),
-                                             load_tokenizer(parent.model_dir), [Record()])
+            trainer = trainer_factory(swept)(parent.model_dir, Dataset.from_list(rows), tokenizer, [Record()])
             trainer.remove_callback(PrinterCallback)  # one JSON object on stdout with --json, not a log line a step
             trainer.create_optimizer()
             trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, sweep.multiplier)

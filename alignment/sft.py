@@ -6,7 +6,9 @@
 
 Reads a parent run (``model/``) and chat data (a data run's ``sft`` shards or a JSONL file of
 ``{"messages": [...]}`` rows) and trains with assistant-only loss through the tokenizer's chat
-template (or ``chat_template:`` from the recipe). Writes a run whose ``model/`` is a plain HF
+template (or ``chat_template:`` from the recipe). Templates without ``{% generation %}`` markers (most
+released ones: SmolLM2, Qwen2.5, Llama 3, Gemma, Mistral) get their assistant tokens derived from the
+rendered conversation (:mod:`.assistant_spans`), checked before a run exists. Writes a run whose ``model/`` is a plain HF
 model. ``trainer:`` takes any ``trl.SFTConfig`` field. What smolforge adds, as the playbook
 advises:
 
@@ -129,6 +131,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         raise RecipeError(f"lr_vs_pretrain must be in (0, 1], got {recipe.lr_vs_pretrain}")
     check_lora(recipe.lora)
     validate_inputs("sft", recipe, runs)
+    check_chat_template(recipe, runs)
 
 
 def _summary(trainer) -> dict:
@@ -144,6 +147,41 @@ def _summary(trainer) -> dict:
     return out
 
 
+def _template(recipe: Recipe, tokenizer) -> str | None:
+    return recipe.chat_template or getattr(tokenizer, "chat_template", None)
+
+
+def derives_masks(recipe: Recipe, tokenizer) -> bool:
+    """Whether smolforge derives the assistant masks itself (assistant-only loss, a template without
+    ``{% generation %}`` markers); RecipeError when there is no chat template at all."""
+    from .assistant_spans import has_generation_markers
+
+    if not recipe.trainer.assistant_only_loss:
+        return False
+    template = _template(recipe, tokenizer)
+    if not template:
+        raise RecipeError(f"sft: the parent '{recipe.parent}' has no chat template to train conversations with: "
+                          "set chat_template: in the recipe (a Jinja string)")
+    return not has_generation_markers(template)
+
+
+def check_chat_template(recipe: Recipe, runs: Runs) -> None:
+    """Render the first conversations with the template the run will use; RecipeError with the choices
+    (``chat_template:`` or ``trainer.assistant_only_loss: false``) when assistant spans cannot be derived."""
+    from smolforge.data.schemas import load_many, resolve_data
+    from smolforge.generation.prompts import load_tokenizer
+
+    from .assistant_spans import CHECK_ROWS, check_template
+    from .common import model_parent
+
+    tokenizer = load_tokenizer(model_parent(runs, recipe.parent).model_dir)
+    if recipe.chat_template:
+        tokenizer.chat_template = recipe.chat_template
+    if derives_masks(recipe, tokenizer):
+        paths, _ = resolve_data(recipe.data, runs, "sft")
+        check_template(tokenizer, load_many(paths, "chat")[:CHECK_ROWS])
+
+
 def trainer_factory(recipe: Recipe):
     """``make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None)``: TRL's SFTTrainer as
     this recipe trains (``trainer:`` as its args, the chat template, early stopping, LoRA); :func:`run`
@@ -156,18 +194,46 @@ def trainer_factory(recipe: Recipe):
     def make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None):
         if recipe.chat_template:
             tokenizer.chat_template = recipe.chat_template
+        args = recipe.trainer
+        if "assistant_masks" in dataset.column_names:  # pre-tokenized by prepare_rows: TRL builds labels from them
+            args = dataclasses.replace(args, assistant_only_loss=False)
         if eval_dataset is not None and recipe.early_stopping_patience > 0:
             callbacks = callbacks + [EarlyStoppingCallback(early_stopping_patience=recipe.early_stopping_patience)]
-        return SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=recipe.trainer,
+        return SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=args,
                           train_dataset=dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
                           callbacks=callbacks, peft_config=peft_config)
 
     return make_trainer
 
 
+def prepare_rows(recipe: Recipe):
+    """``prepare(rows, tokenizer)`` for :func:`train_from_parent`: the recipe's chat template on the
+    tokenizer, and, where smolforge derives the masks, every conversation pre-tokenized with its
+    ``assistant_masks`` (a row that fails names itself; no run exists yet)."""
+    from .assistant_spans import tokenize_rows
+
+    figures: dict = {}
+
+    def prepare(rows: list, tokenizer) -> list:
+        if recipe.chat_template:
+            tokenizer.chat_template = recipe.chat_template
+        if not derives_masks(recipe, tokenizer):
+            return rows
+        tokenized, fraction = tokenize_rows(tokenizer, rows)
+        log.info("sft: the chat template has no {%% generation %%} markers; assistant tokens derived from the "
+                 "rendered conversations (%d rows, %.1f %% of tokens trained on)", len(rows), 100 * fraction)
+        figures.update({"sft/derived_assistant_masks": True, "sft/assistant_token_fraction": round(fraction, 4)})
+        return tokenized
+
+    prepare.figures = figures
+    return prepare
+
+
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     resolve_learning_rate(recipe, runs)
     recipe.trainer = _with_early_stopping(recipe)
-    return train_from_parent("sft", recipe, runs, trainer_factory(recipe), overwrite=overwrite, summarize=_summary,
-                             eval_fraction=recipe.eval_fraction,
+    prepare = prepare_rows(recipe)
+    return train_from_parent("sft", recipe, runs, trainer_factory(recipe), overwrite=overwrite,
+                             summarize=lambda trainer: {**_summary(trainer), **prepare.figures},
+                             eval_fraction=recipe.eval_fraction, prepare=prepare,
                              export=export_merged if recipe.lora is not None else None)

@@ -4,8 +4,9 @@
     smolforge import HuggingFaceTB/SmolLM3-3B-Base --name smollm3-base --revision main
     smolforge sft --config recipes/demo/sft.yaml --set parent=smollm3-base --set data=data-demo
 
-The source is a model folder, or a hub id (``org/name`` that is not a folder here), which is
-downloaded with ``huggingface_hub.snapshot_download`` (safetensors, JSON, tokenizer files only).
+The source is a model folder, a GGUF file (or a folder holding one and no ``config.json``:
+dequantized into a safetensors folder, :mod:`smolforge.gguf_import`), or a hub id (``org/name``
+that is not a folder here), which is downloaded with ``huggingface_hub.snapshot_download`` (safetensors, JSON, tokenizer files only).
 The folder is checked before any run folder exists:
 
 - ``config.json`` with a ``model_type`` (transformers must know it unless the model brings its code);
@@ -361,6 +362,9 @@ def import_model(runs: Runs, source: str | Path, name: str, *, revision: str | N
     hub = text if not isinstance(source, Path) and is_hub_id(text) else None
     if hub is None and revision is not None:
         raise RecipeError(f"--revision applies to a hub id (org/name); '{text}' is a folder")
+    gguf_path = None if hub else _gguf_source(Path(text).expanduser())
+    if gguf_path is not None:
+        return _import_gguf(runs, gguf_path, name, text, overwrite=overwrite, started=started)
     folder = _download(hub, revision, trust_remote_code, cache_dir) if hub else Path(text).expanduser()
     found = inspect_folder(folder, trust_remote_code=trust_remote_code, hub=hub)
     folder = found.path.resolve()
@@ -389,6 +393,57 @@ def import_model(runs: Runs, source: str | Path, name: str, *, revision: str | N
         run.finish(metrics={"import/params": found.params, "import/weight_bytes": found.weight_bytes,
                             "import/weight_files": len(found.weights), "import/files": len(found.files),
                             "import/hardlinked_files": linked,
+                            "import/seconds": round(time.monotonic() - started, 2)})
+    return run
+
+
+def _gguf_source(path: Path) -> Path | None:
+    """The GGUF file ``path`` names: itself (``.gguf`` or GGUF's magic), or a folder's only ``.gguf``
+    when the folder has no ``config.json``; None for anything else."""
+    from smolforge.gguf_import import MAGIC, find_gguf
+
+    if path.is_dir():
+        return None if (path / "config.json").exists() else find_gguf(path)
+    if path.is_file():
+        with open(path, "rb") as fh:
+            magic = fh.read(4)
+        if path.suffix.lower() == ".gguf" or magic == MAGIC:
+            return path
+        raise RunError(f"'{path}' is a file, not a model folder or a GGUF file (expected a folder with config.json "
+                       "and safetensors weights, or a .gguf file)")
+    return None
+
+
+def _import_gguf(runs: Runs, path: Path, name: str, text: str, *, overwrite: bool, started: float) -> Run:
+    """:func:`import_model` for a GGUF file: header checked first, dequantized inside the run."""
+    from smolforge.gguf_import import dequantize_to_folder, inspect_gguf
+
+    found = inspect_gguf(path)
+    source_print = file_fingerprint(found.path)
+    recipe = {
+        "source": text, "path": str(found.path.resolve()), "hub_id": None, "revision": None, "commit": None,
+        "trust_remote_code": False, "format": "gguf", "gguf_sha256": source_print.split(":", 1)[1],
+        "quantization": found.quantization, "tensor_types": found.tensor_types, "gguf_architecture": found.architecture,
+        "gguf_name": found.name, "dequantized_to": "float32", "chat_template": found.chat_template,
+    }
+    with runs.start("import", name, recipe, overwrite=overwrite) as run:
+        tmp = run.path / f".model.tmp-{os.getpid()}"
+        try:
+            dequantize_to_folder(found, tmp)
+            folder = inspect_folder(tmp)
+            prints = {f"gguf/{found.path.name}": source_print,
+                      **{f"weights/{w}": file_fingerprint(tmp / w) for w in folder.weights}}
+            os.replace(tmp, run.model_dir)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        run.info["recipe"].update({"model_type": folder.model_type, "architectures": folder.architectures,
+                                   "dtype": folder.dtype, "params": folder.params, "weights": folder.weights,
+                                   "files": folder.files, "skipped": [], "chat_template": folder.chat_template})
+        run.info["data_fingerprints"] = prints
+        run.finish(metrics={"import/params": folder.params, "import/weight_bytes": folder.weight_bytes,
+                            "import/weight_files": len(folder.weights), "import/files": len(folder.files),
+                            "import/hardlinked_files": 0, "import/gguf_bytes": found.size,
                             "import/seconds": round(time.monotonic() - started, 2)})
     return run
 
@@ -425,6 +480,8 @@ def summary(run: Run) -> str:
     trusted = ", custom code trusted" if recipe.get("trust_remote_code") else ""
     params = _human(metrics.get("import/params") or 0)
     size = _human(metrics.get("import/weight_bytes") or 0, "B")
+    if recipe.get("format") == "gguf":
+        how = f"dequantized from GGUF {recipe.get('quantization')} to {recipe.get('dequantized_to')}"
     line = (f"imported {recipe.get('model_type')} ({arch}, {params} params, {files} weight "
             f"file{'s' if files != 1 else ''}, {size}, {how}{trusted}) from {origin}")
     if not recipe.get("chat_template"):

