@@ -5,8 +5,8 @@ Every reward has TRL's signature ``fn(prompts, completions, **columns) -> list[f
 dataset columns arrive as keyword lists (``answer=[...]``, ``kind=[...]``), and a completion is a
 string or, for conversational data, ``[{"role": "assistant", "content": "..."}]``. ``None`` means
 "does not apply to this sample" (TRL then leaves it out of the sum). The built-in verifiers
-(``answer_match``, ``arith_verifier``) live in :mod:`smolforge.generation.verifiers`, where the
-scripted annotators reach them too.
+(``answer_match``, ``arith_verifier``, ``math_match``) live in :mod:`smolforge.generation.verifiers`,
+where the scripted annotators reach them too.
 
     >>> reward = resolve("answer_match")          # what a recipe's ``rewards: [answer_match]`` becomes
     >>> reward.__name__, reward(["Q"], ["Red."], answer=["Kalo likes red."])
@@ -30,15 +30,15 @@ from pathlib import Path
 from typing import Any
 
 from smolforge.errors import DataError, RecipeError, RunError
-from smolforge.generation.verifiers import answer_match, arith_verifier, completion_text, prompt_text
+from smolforge.generation.verifiers import answer_match, arith_verifier, completion_text, math_match, prompt_text
 
-__all__ = ["BUILTINS", "answer_match", "arith_verifier", "resolve", "checked", "RewardModelScorer",
+__all__ = ["BUILTINS", "answer_match", "arith_verifier", "math_match", "resolve", "checked", "RewardModelScorer",
            "score_pairs", "mean_reward", "completion_text", "prompt_text"]
 
 RewardFn = Callable[..., list]
 
 
-BUILTINS: dict[str, RewardFn] = {"answer_match": answer_match, "arith_verifier": arith_verifier}
+BUILTINS: dict[str, RewardFn] = {"answer_match": answer_match, "arith_verifier": arith_verifier, "math_match": math_match}
 
 
 # --------------------------------------------------------------------------- checking
@@ -104,7 +104,7 @@ class checked:  # noqa: N801 - used like a function: checked(fn, name)
 def resolve(spec: str | RewardFn, runs=None) -> RewardFn:
     """The reward a recipe names, wrapped by :func:`checked`.
 
-    ``spec`` is a built-in (``answer_match``, ``arith_verifier``), a dotted path
+    ``spec`` is a built-in (``answer_match``, ``arith_verifier``, ``math_match``), a dotted path
     (``package.module:function`` or ``package.module.function``), ``run:<name>`` (a reward run's
     model, scored by :class:`RewardModelScorer`; found in ``runs``, default ``$SMOLFORGE_RUNS``
     or ./runs), or a callable.
@@ -114,7 +114,7 @@ def resolve(spec: str | RewardFn, runs=None) -> RewardFn:
     >>> resolve("answer_mach")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: unknown reward 'answer_mach' (did you mean 'answer_match'?); use a built-in (answer_match, arith_verifier), a dotted path package.module:function, or run:<reward run>
+    smolforge.errors.RecipeError: unknown reward 'answer_mach' (did you mean 'answer_match'?); use a built-in (answer_match, arith_verifier, math_match), a dotted path package.module:function, or run:<reward run>
     """
     if callable(spec):
         return spec if isinstance(spec, checked) else checked(spec)

@@ -6,6 +6,19 @@
   messages (conversational) — DPO and reward models;
 - ``prompt``: ``{"prompt"}`` (a string or messages), optionally ``"answer"`` for verifiers — online RL.
 
+Rows in a public dataset's own layout (smoltalk, UltraFeedback, HH-RLHF, GSM8K, MATH, OpenR1…)
+are read into these shapes first (:mod:`smolforge.data.shapes`, detected from the row's keys), so a
+stage's ``data: file.jsonl`` takes them as published.
+
+    >>> import tempfile, pathlib, json
+    >>> uf = pathlib.Path(tempfile.mkdtemp()) / "uf.jsonl"
+    >>> turn = {"role": "user", "content": "Name a prime."}
+    >>> _ = uf.write_text(json.dumps({"prompt": "Name a prime.", "score_chosen": 9.0, "score_rejected": 2.0,
+    ...     "chosen": [turn, {"role": "assistant", "content": "7"}],
+    ...     "rejected": [turn, {"role": "assistant", "content": "9"}]}) + "\\n")
+    >>> load_rows(uf, "preference")[0]["prompt"], load_rows(uf, "preference")[0]["rejected"]
+    ([{'role': 'user', 'content': 'Name a prime.'}], [{'role': 'assistant', 'content': '9'}])
+
     >>> load_rows("tests/data/does-not-exist.jsonl", "text")
     Traceback (most recent call last):
     ...
@@ -18,6 +31,7 @@ from pathlib import Path
 from smolforge.errors import DataError
 
 from .jsonl import read_jsonl
+from .shapes import AUTO, normalize
 
 SCHEMAS = {"text": ("text",), "chat": ("messages",), "preference": ("prompt", "chosen", "rejected"),
            "prompt": ("prompt",)}
@@ -67,24 +81,27 @@ def validate_row(row: dict, schema: str, where: str) -> None:
             raise DataError(f"{where}: fields 'chosen' and 'rejected' are identical; the pair teaches nothing")
 
 
-def load_rows(path: str | Path, schema: str) -> list[dict]:
-    """Read and validate a whole JSONL file; an empty file is an error too."""
+def load_rows(path: str | Path, schema: str, shape: str = AUTO) -> list[dict]:
+    """Read a whole JSONL file into ``schema`` rows (each read as ``shape``, by default the one its keys
+    tell) and validate them; an empty file is an error too."""
     if schema not in SCHEMAS:
         raise ValueError(f"unknown schema {schema!r}; expected one of {', '.join(SCHEMAS)}")
     rows = []
     for line_no, row in read_jsonl(path):
-        validate_row(row, schema, f"{path} line {line_no}")
+        where = f"{path} line {line_no}"
+        row = normalize(row, schema, where, shape)
+        validate_row(row, schema, where)
         rows.append(row)
     if not rows:
         raise DataError(f"{path}: no rows (expected JSONL with {schema} rows: {', '.join(SCHEMAS[schema])})")
     return rows
 
 
-def load_many(paths: list[Path], schema: str) -> list[dict]:
+def load_many(paths: list[Path], schema: str, shape: str = AUTO) -> list[dict]:
     """Rows of several JSONL files (a data run's shards), validated, in order."""
     rows = []
     for path in paths:
-        rows += load_rows(path, schema)
+        rows += load_rows(path, schema, shape)
     return rows
 
 

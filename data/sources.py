@@ -1,8 +1,10 @@
 """Streaming readers for the data stage's sources: JSONL/JSON, Parquet, CSV, text folders, ``datasets``.
 
-Every reader yields ``(where, row)`` with ``row`` in one of the three shapes of
-:mod:`smolforge.data.schemas` (``text``, ``chat``, ``preference``), after column mapping, domain stamping
-and :func:`smolforge.data.schemas.validate_row`. ``where`` names the file and the row of every problem:
+Every reader yields ``(where, row)`` with ``row`` in one of the shapes of
+:mod:`smolforge.data.schemas` (``text``, ``chat``, ``preference``, ``prompt``), after column mapping, a
+public dataset's layout read into smolforge's (``shape:``, by default detected from the row's keys:
+:mod:`smolforge.data.shapes`), domain stamping and :func:`smolforge.data.schemas.validate_row`.
+``where`` names the file and the row of every problem:
 ``raw/a.jsonl line 3``, ``raw/a.csv line 5`` (physical line, header included; ``lines 5-7`` for a
 record whose quoted fields span lines), ``raw/a.parquet row 17`` and ``dataset imdb[train] row 9``
 (rows count from 1), ``corpus/x.txt`` and ``corpus/x.txt paragraph 2``.
@@ -38,6 +40,7 @@ from pathlib import Path
 
 from smolforge.errors import DataError, RecipeError
 
+from . import shapes
 from .schemas import SCHEMAS, validate_row
 
 FORMATS = ("auto", "jsonl", "parquet", "csv", "text", "datasets")
@@ -57,7 +60,9 @@ _DATASET_MARKERS = ("dataset_dict.json", "state.json")   # what save_to_disk lea
 class Source:
     path: str | None = None        # a file, a glob (e.g. raw/*.parquet) or a folder
     dataset: str | None = None     # a `datasets` dataset: a save_to_disk folder, or a name/path for load_dataset
-    format: str = "auto"           # auto | jsonl | parquet | csv | text | datasets (auto: from the extension)
+    format: str = "auto"           # auto | jsonl | parquet | csv | text | datasets (auto: from the extension),
+                                   # or a shape name (then the file format is auto)
+    shape: str = "auto"            # the rows' layout: auto (each row's keys) or a shape (data/shapes.py: gsm8k, hh...)
     columns: dict[str, str] = field(default_factory=dict)  # shape field -> source column, e.g. {"text": "content"}
     split: str = "train"           # split of a `datasets` dataset
     subset: str | None = None      # its configuration (load_dataset's second argument), e.g. "SFT"
@@ -87,6 +92,22 @@ class BadRows:
         return {"count": self.count, "items": shown, "more": self.count - len(shown)}
 
 
+def file_format(source: Source) -> str:
+    """The file format a source is read as: ``format:``, or ``auto`` when ``format:`` names a shape."""
+    return shapes.AUTO if source.format in shapes.NAMES else source.format
+
+
+def row_shape(source: Source) -> str:
+    """The shape a source's rows are read as: ``shape:``, else a shape named in ``format:``, else ``auto``.
+
+    >>> row_shape(Source(path="uf.jsonl", format="ultrafeedback")), row_shape(Source(path="h.parquet", shape="hh"))
+    ('ultrafeedback', 'hh')
+    """
+    if source.shape != shapes.AUTO:
+        return source.shape
+    return source.format if source.format in shapes.NAMES else shapes.AUTO
+
+
 def source_label(source: Source) -> str:
     """The name a report gives the source: ``name``, else the path, else the dataset."""
     return source.name or source.path or source.dataset or "(a source with neither path nor dataset)"
@@ -113,9 +134,14 @@ def _check_config(source: Source, where: str) -> None:
         value = getattr(source, key)
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise RecipeError(f"{where}.{key}: must be a non-empty string, got {value!r}")
-    if source.format not in FORMATS:
-        raise RecipeError(f"{where}.format: unknown format {source.format!r} (expected one of {', '.join(FORMATS)})")
-    if source.dataset is not None and source.format not in ("auto", "datasets"):
+    if source.format not in FORMATS and source.format not in shapes.NAMES:
+        raise RecipeError(f"{where}.format: unknown format {source.format!r} (expected one of {', '.join(FORMATS)}, "
+                          f"or a shape such as ultrafeedback, hh, gsm8k)")
+    shapes.resolve(source.shape, where=f"{where}.shape")
+    if source.format in shapes.NAMES and source.shape != shapes.AUTO and \
+            shapes.resolve(source.shape) != shapes.resolve(source.format):
+        raise RecipeError(f"{where}: format: {source.format} and shape: {source.shape} name two different shapes")
+    if source.dataset is not None and file_format(source) not in ("auto", "datasets"):
         raise RecipeError(f"{where}.format: a dataset: source is read with the datasets library; format: must be "
                           f"auto or datasets, not {source.format!r} (use path: for {source.format} files)")
     if source.text_unit not in TEXT_UNITS:
@@ -174,7 +200,8 @@ def _plan(source: Source) -> list[tuple[str, str]]:
     if source.dataset is not None:
         return [(source.dataset, "datasets")]
     path = os.path.expanduser(source.path)
-    if source.format == "datasets" or (source.format == "auto" and os.path.isdir(path)
+    fmt_asked = file_format(source)
+    if fmt_asked == "datasets" or (fmt_asked == "auto" and os.path.isdir(path)
                                        and _is_saved_dataset(Path(path))):
         if not os.path.exists(path):
             raise _PlanError(f"path {source.path!r}: not found (hub datasets go under dataset:)", missing=True)
@@ -184,14 +211,14 @@ def _plan(source: Source) -> list[tuple[str, str]]:
         if not files:
             raise _PlanError(f"path {source.path!r} matches no file", missing=True)
     elif os.path.isdir(path):
-        return _folder_files(Path(path), source.format)
+        return _folder_files(Path(path), fmt_asked)
     elif os.path.isfile(path):
         files = [path]
     else:
         raise _PlanError(f"path {source.path!r}: file not found", missing=True)
     plan = []
     for file in files:
-        fmt = source.format if source.format != "auto" else _format_of(file)
+        fmt = fmt_asked if fmt_asked != "auto" else _format_of(file)
         if fmt is None:
             raise _PlanError(f"cannot tell the format of {file!r} from its extension; set format: to one of "
                              f"jsonl, parquet, csv, text")
@@ -204,16 +231,19 @@ def source_formats(source: Source) -> list[str]:
     try:
         return sorted({fmt for _, fmt in _plan(source)})
     except _PlanError:
-        return [source.format]
+        return [file_format(source)]
 
 
-def validate_source(source: Source, where: str) -> None:
+def validate_source(source: Source, where: str, schema: str | None = None) -> None:
     """RecipeError, naming ``where`` (e.g. ``sources.pretrain[0]``), for a source that cannot be read.
 
-    Checks the fields (one of path/dataset, format, text_unit, limit, columns) and that ``path``
-    matches at least one file of a known format. Rows are not read.
+    Checks the fields (one of path/dataset, format, shape, text_unit, limit, columns; given the
+    ``schema`` its rows go to, that a named shape makes such rows) and that ``path`` matches at least
+    one file of a known format. Rows are not read.
     """
     _check_config(source, where)
+    if schema is not None:
+        shapes.resolve(row_shape(source), schema, f"{where}.{'shape' if source.shape != shapes.AUTO else 'format'}")
     try:
         plan = _plan(source)
     except _PlanError as exc:
@@ -265,6 +295,12 @@ def _decode_json_cells(row: dict, shape: str, where: str) -> None:
     """CSV cells are strings: decode the JSON message lists a chat/preference row needs."""
     if shape == "chat":
         value = row.get("messages")
+        generations = row.get("generations")        # OpenR1-style reasoning rows
+        if isinstance(generations, str) and generations.lstrip().startswith("["):
+            try:
+                row["generations"] = json.loads(generations)
+            except json.JSONDecodeError:
+                pass                                 # the shape says what it expected
         if isinstance(value, str):
             try:
                 row["messages"] = json.loads(value)
@@ -273,7 +309,7 @@ def _decode_json_cells(row: dict, shape: str, where: str) -> None:
                                 f"column {exc.colno}); a CSV cell holding messages must be a JSON list like "
                                 f'[{{"role": "user", "content": "..."}}]') from None
     elif shape == "preference":
-        for name in SCHEMAS["preference"]:
+        for name in SCHEMAS["preference"]:      # also an UltraFeedback or implicit row's conversations
             value = row.get(name)
             if isinstance(value, str) and value.lstrip().startswith("["):
                 try:
@@ -309,11 +345,18 @@ def _check_columns(label: str, present: list[str], source: Source, shape: str) -
         if column not in present:
             raise DataError(f"{label}: column '{column}' (mapped to '{target}') not found; "
                             f"columns present: {_names(present)}")
-    expected = SCHEMAS[shape]
+    available = [c for c in present if c not in source.columns.values()] + list(source.columns)
+    named = shapes.resolve(row_shape(source), shape)
+    if named is None and shapes.fitting(available, shape):
+        return                                 # a published shape's columns: each row says which
+    expected = named.keys if named is not None else SCHEMAS[shape]
+    what = f"a {named.name} row has" if named is not None else "expected"
+    others = ", ".join(shapes.published_columns(shape)) if named is None else ""
     for name in expected:
-        if name not in source.columns and name not in present:
-            raise DataError(f"{label}: no column '{name}' (expected {', '.join(expected)}; columns present: "
-                            f"{_names(present)}); map one with columns: {{{name}: <column>}}")
+        if name not in available:
+            raise DataError(f"{label}: no column '{name}' ({what} {', '.join(expected)}; columns present: "
+                            f"{_names(present)}); map one with columns: {{{name}: <column>}}"
+                            + (f", or give a published shape's columns ({others})" if others else ""))
 
 
 def _no_rows(label: str, fmt: str, shape: str) -> DataError:
@@ -582,6 +625,7 @@ def _prepare(row: dict, where: str, fmt: str, source: Source, shape: str) -> dic
         row = _map_columns(row, source.columns, where)
     if fmt == "csv":
         _decode_json_cells(row, shape, where)
+    row = shapes.normalize(row, shape, where, row_shape(source))
     if shape == "text" and source.domain is not None:
         row["domain"] = source.domain
     _check_fields(row, shape, where)
@@ -606,6 +650,7 @@ def iter_rows(source: Source, shape: str, on_error: str = "fail",
         raise ValueError("on_error='skip' needs a BadRows to record the skipped rows in")
     label = source_label(source)
     _check_config(source, label)
+    shapes.resolve(row_shape(source), shape, f"{label}: shape")
     try:
         plan = _plan(source)
     except _PlanError as exc:

@@ -142,7 +142,7 @@ def parse_sources(recipe: Recipe) -> dict[str, list[Source]]:
         for i, item in enumerate(items):
             where = f"sources.{kind}[{i}]"
             source = build(Source, {"path": item} if isinstance(item, str) else item, "data recipe", prefix=f"{where}.")
-            validate_source(source, where)
+            validate_source(source, where, KINDS[kind])
             parsed.append(source)
         out[kind] = parsed
     return out

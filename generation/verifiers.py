@@ -14,6 +14,9 @@ apply to this sample".
     [1.0, 0.5, 0.0]
     >>> arith_verifier(prompts, completions)
     [1.0, 1.0, 0.0]
+    >>> math_match(["Half of 3?"] * 3, [r"So it is $\\boxed{\\frac{3}{2}}$.", "#### 1.5", "About 2."],
+    ...            answer=[r"\\frac{3}{2}"] * 3)
+    [1.0, 0.0, 0.0]
 """
 from __future__ import annotations
 
@@ -22,11 +25,13 @@ from typing import Any
 
 from smolforge.errors import DataError
 
-__all__ = ["answer_match", "arith_verifier", "completion_text", "prompt_text"]
+__all__ = ["answer_match", "arith_verifier", "completion_text", "final_answer", "math_match", "prompt_text"]
 
 _TRAILING = ".!?,;: \t\n"
 _SUM = re.compile(r"(-?\d+)\s*(?:and|plus|\+)\s*(-?\d+)", re.IGNORECASE)
 _NUMBER = re.compile(r"-?\d+")
+_DECIMAL = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_BOXED = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
 # --------------------------------------------------------------------------- text of a sample
@@ -120,4 +125,62 @@ def arith_verifier(prompts: list, completions: list, **kwargs) -> list[float | N
         numbers = _NUMBER.findall(completion_text(completion))
         expected = int(found.group(1)) + int(found.group(2))
         scores.append(1.0 if numbers and int(numbers[-1]) == expected else 0.0)
+    return scores
+
+
+def final_answer(text: str) -> str:
+    """The answer a worked solution ends on: its last ``\\boxed{…}`` (nested braces kept), else what
+    follows its last ``####`` (GSM8K), else its last number; ``''`` when it states none.
+
+    >>> final_answer(r"x = \\boxed{\\frac{1}{2}}"), final_answer("3 + 4 = 7\\n#### 7"), final_answer("It is 1,234 cm.")
+    ('\\\\frac{1}{2}', '7', '1,234')
+    """
+    boxed = None
+    for match in _BOXED.finditer(text):        # the data layer's MATH shape reads boxes the same way
+        depth, i = 1, match.end()
+        while i < len(text) and depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        if depth == 0:
+            boxed = text[match.end():i - 1]
+    if boxed is not None:
+        return boxed.strip()
+    if "####" in text:
+        tail = text.rsplit("####", 1)[1].strip()
+        return tail.splitlines()[0].strip() if tail else ""
+    numbers = _DECIMAL.findall(text)
+    return numbers[-1] if numbers else ""
+
+
+def _canonical(answer: str) -> str:
+    """``'$1,234.$'`` → ``'1234'``; ``'\\dfrac{1}{2}'`` → ``'\\frac{1}{2}'``: spacing, dollars and
+    ``\\left``/``\\right`` dropped, thousands commas and a trailing full stop too."""
+    text = answer.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("\\left", "").replace("\\right", "")
+    text = "".join(text.replace("$", "").replace("\\!", "").split()).rstrip(".")
+    return re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", text)
+
+
+def math_match(prompts: list, completions: list, answer: list[str] | None = None, **kwargs) -> list[float]:
+    """1.0 when the completion's :func:`final_answer` equals the row's ``answer``, else 0.0: the reward
+    for GSM8K- and MATH-style prompt rows (``answer`` = ``"72"``, ``"\\frac{3}{2}"``).
+
+    Compared as numbers when both read as one (``1,234`` = ``1234.0``), else as text without spacing,
+    dollars or ``\\left``/``\\right``.
+    """
+    if answer is None:
+        raise DataError("math_match needs an 'answer' column (prompt rows with answers, e.g. GSM8K or MATH "
+                        "rows read by the data layer's gsm8k/math shapes)")
+    if len(answer) != len(completions):
+        raise DataError(f"math_match got {len(answer)} answers for {len(completions)} completions")
+    scores = []
+    for completion, expected in zip(completions, answer):
+        found, gold = _canonical(final_answer(completion_text(completion))), _canonical(str(expected or ""))
+        if not found or not gold:
+            scores.append(0.0)
+            continue
+        try:
+            same = abs(float(found) - float(gold)) <= 1e-9 * max(1.0, abs(float(gold)))
+        except ValueError:
+            same = found == gold
+        scores.append(1.0 if same else 0.0)
     return scores
