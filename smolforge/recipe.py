@@ -189,11 +189,45 @@ def _dataclass_of(ann: Any) -> tuple[type | None, bool]:
 
 _SCALAR_NAMES = {bool: "a boolean (true/false)", int: "an int", float: "a float", str: "a string"}
 
+# The largest whole number a float holds exactly (2**53): an int field takes a float such as ``3.0``
+# only up to there; ``1.0e+30`` for ``max_steps`` is refused, not truncated to 10**30 steps.
+_EXACT_FLOAT_INT = 2 ** 53
+
+
+def _is_float_text(text: str) -> bool:
+    try:
+        float(text.strip())
+    except ValueError:
+        return False
+    return True
+
 
 def _check_scalar(value: Any, kind: type, where: str) -> Any:
-    """Return ``value`` converted to ``kind`` (int/float/str/bool) or raise ``where`` must be ..."""
+    """Return ``value`` converted to ``kind`` (int/float/str/bool) or raise ``where`` must be ...
+
+    An int field takes an int, a whole float up to 2**53 (``3.0``) or such a number as text;
+    never a boolean, a fraction or a float too large to be a whole number exactly.
+
+    >>> _check_scalar(3.0, int, "r.yaml: 'steps'"), _check_scalar("20", int, "r.yaml: 'steps'")
+    (3, 20)
+    >>> _check_scalar(1.0e+30, int, "r.yaml: 'trainer.max_steps'")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: r.yaml: 'trainer.max_steps' must be an int, got 1e+30 (a float)
+    >>> _check_scalar(True, int, "r.yaml: 'trainer.max_steps'")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: r.yaml: 'trainer.max_steps' must be an int, got true (a boolean)
+    """
     def bad() -> RecipeError:
-        return RecipeError(f"{where} must be {_SCALAR_NAMES[kind]}, got {value!r}")
+        shown = repr(value)
+        if isinstance(value, bool):
+            shown = f"{str(value).lower()} (a boolean)"         # as YAML wrote it
+        elif kind is int and isinstance(value, float):
+            shown = f"{value!r} (a float)"
+        elif kind is int and isinstance(value, str) and _is_float_text(value):
+            shown = f"{value.strip()} (a float)"                  # YAML 1.1 reads 1e30 as text
+        return RecipeError(f"{where} must be {_SCALAR_NAMES[kind]}, got {shown}")
 
     if kind is bool:
         if isinstance(value, bool):
@@ -227,7 +261,8 @@ def _check_scalar(value: Any, kind: type, where: str) -> Any:
                 number = float(text)
             except ValueError:
                 raise bad() from None
-    if isinstance(number, float) and math.isfinite(number) and number.is_integer():
+    if (isinstance(number, float) and math.isfinite(number) and number.is_integer()
+            and abs(number) <= _EXACT_FLOAT_INT):
         return int(number)
     raise bad()
 

@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import tempfile
 import time
@@ -61,11 +62,51 @@ VERSIONED_PACKAGES = (
 def runs_root(cli_value: str | None = None) -> Path:
     """``--runs-dir`` if given, else ``$SMOLFORGE_RUNS``, else ``./runs``.
 
+    The folder need not exist yet (the first run creates it), but a file there, or a file where
+    one of its parent folders should be, is a RecipeError naming the option it came from.
+
     >>> runs_root("/tmp/r")
     PosixPath('/tmp/r')
+    >>> import tempfile, os
+    >>> afile = os.path.join(tempfile.mkdtemp(), "afile")
+    >>> _ = open(afile, "w").write("")
+    >>> runs_root(afile)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: --runs-dir /.../afile: not a folder (it is a file)
     """
-    value = cli_value or os.environ.get(RUNS_ENV) or "runs"
-    return Path(value).expanduser()
+    env = os.environ.get(RUNS_ENV)
+    if cli_value:
+        value, where, hint = cli_value, f"--runs-dir {cli_value}", ""
+    elif env:
+        value, where, hint = env, f"${RUNS_ENV}={env}", ""
+    else:
+        value, where, hint = "runs", "./runs", "; choose another runs folder with --runs-dir DIR"
+    path = Path(value).expanduser()
+    problem = _not_a_folder(path)
+    if problem:
+        raise RecipeError(f"{where}: {problem}{hint}")
+    return path
+
+
+def _not_a_folder(path: Path) -> str | None:
+    """Why ``path`` cannot be used as a folder, or None: it is one, or it is missing and the nearest
+    thing that exists on its way is a folder (so ``mkdir -p`` can make it)."""
+    for i, candidate in enumerate([path, *path.parents]):
+        try:
+            mode = candidate.lstat().st_mode
+        except OSError:          # missing (or under a file: ENOTDIR): look one level up
+            continue
+        if candidate.is_dir():   # a folder, or a link to one
+            return None
+        if stat.S_ISLNK(mode):
+            what = f"a broken link to {os.readlink(candidate)}"
+        else:
+            kinds = ((stat.S_ISREG, "a file"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"),
+                     (stat.S_ISFIFO, "a pipe"), (stat.S_ISSOCK, "a socket"))
+            what = next((name for test, name in kinds if test(mode)), "something other than a folder")
+        return f"not a folder (it is {what})" if i == 0 else f"cannot be a folder ({candidate} is {what})"
+    return None
 
 
 @contextlib.contextmanager

@@ -479,6 +479,54 @@ def test_global_options_work_before_or_after_the_command(fake_env, capsys):
     assert json.loads(capsys.readouterr().out)["name"] == "d0"
 
 
+def test_a_float_for_an_int_recipe_field_exits_2_before_any_run(fake_env, capsys):
+    recipe = fake_env / "sft.yaml"
+    recipe.write_text("stage: sft\nname: s\n")
+    assert main(["sft", "--config", str(recipe), "--set", "trainer.max_steps=1.0e+30"]) == 2
+    assert capsys.readouterr().err.strip() == (f"RecipeError: {recipe}: 'trainer.max_steps' must be an int, "
+                                               "got 1e+30 (a float)")
+    recipe.write_text("stage: sft\nname: s\ntrainer:\n  max_steps: true\n")
+    out = smolforge("sft", "--config", str(recipe))
+    assert out.returncode == 2 and out.stderr.strip() == (
+        f"RecipeError: {recipe}: 'trainer.max_steps' must be an int, got true (a boolean)")
+    assert not (fake_env / "runs").exists()      # refused before any run folder
+    assert main(["sft", "--config", str(recipe), "--set", "trainer.max_steps=3.0"]) == 0
+    info = json.loads((fake_env / "runs" / "s" / "run.json").read_text())
+    assert info["recipe"]["trainer"]["max_steps"] == 3
+
+
+def test_a_runs_dir_that_is_a_file_is_an_error_for_every_command(fake_env, monkeypatch, capsys):
+    afile = fake_env / "afile"
+    afile.write_text("not a folder\n")
+    recipe = fake_env / "sft.yaml"
+    recipe.write_text("stage: sft\nname: s\n")
+    pipeline = fake_env / "pipe.yaml"
+    pipeline.write_text("pipeline:\n  - {stage: sft, name: s}\n")
+    commands = (["runs"], ["runs", "--json"], ["lineage", "s"], ["sft", "--config", str(recipe)],
+                ["pipeline", str(pipeline)])
+    for command in commands:
+        assert main(["--runs-dir", "afile", *command]) == 2
+        assert capsys.readouterr().err.strip() == "RecipeError: --runs-dir afile: not a folder (it is a file)"
+        assert main([*command, "--runs-dir", "afile/sub"]) == 2
+        assert capsys.readouterr().err.strip() == ("RecipeError: --runs-dir afile/sub: cannot be a folder "
+                                                   "(afile is a file)")
+    monkeypatch.setenv("SMOLFORGE_RUNS", "afile")
+    assert main(["runs"]) == 2
+    assert capsys.readouterr().err.strip() == "RecipeError: $SMOLFORGE_RUNS=afile: not a folder (it is a file)"
+    monkeypatch.delenv("SMOLFORGE_RUNS")
+    (fake_env / "runs").write_text("")
+    out = smolforge("runs", cwd=fake_env)
+    assert out.returncode == 2 and out.stderr.strip() == (
+        "RecipeError: ./runs: not a folder (it is a file); choose another runs folder with --runs-dir DIR")
+    assert afile.read_text() == "not a folder\n" and (fake_env / "runs").read_text() == ""
+
+    # a runs folder that does not exist yet is made by the first run
+    assert main(["--runs-dir", "new/deeper", "runs"]) == 0
+    assert capsys.readouterr().out.strip() == "no runs under new/deeper/"
+    assert main(["sft", "--config", str(recipe), "--runs-dir", "new/deeper"]) == 0
+    assert (fake_env / "new" / "deeper" / "s" / "run.json").is_file()
+
+
 def test_a_mistyped_option_is_one_line_and_exit_2():
     for args, expected in ((["serve", "sft-demo", "--prot", "8000"], "unknown option '--prot' (did you mean '--port'?)"),
                            (["runs", "--sortt"], "unknown option '--sortt'"),

@@ -87,8 +87,8 @@ def test_ints_are_accepted_for_floats():
     "data, message",
     [
         ({"learning_rate": "abc"}, "r.yaml: 'train.learning_rate' must be a float, got 'abc'"),
-        ({"max_steps": 2.5}, "r.yaml: 'train.max_steps' must be an int, got 2.5"),
-        ({"max_steps": True}, "r.yaml: 'train.max_steps' must be an int, got True"),
+        ({"max_steps": 2.5}, "r.yaml: 'train.max_steps' must be an int, got 2.5 (a float)"),
+        ({"max_steps": True}, "r.yaml: 'train.max_steps' must be an int, got true (a boolean)"),
         ({"bf16": "yes please"}, "r.yaml: 'train.bf16' must be a boolean (true/false), got 'yes please'"),
         ({"bf16": 1}, "r.yaml: 'train.bf16' must be a boolean (true/false), got 1"),
         ({"optim": 3}, "r.yaml: 'train.optim' must be a string, got 3"),
@@ -99,6 +99,52 @@ def test_wrong_scalar_type_is_an_error(data, message):
     with pytest.raises(RecipeError) as err:
         build(Recipe, {"name": "x", "train": data}, source="r.yaml")
     assert str(err.value) == message
+
+
+@pytest.mark.parametrize("value, shown", [
+    (1.0e+30, "1e+30 (a float)"),          # YAML 1.0e+30: int(1e30) would be 10**30 steps
+    ("1e30", "1e30 (a float)"),            # YAML 1.1 reads 1e30 as text
+    (float(2 ** 53 + 2), "9007199254740994.0 (a float)"),   # past 2**53 a float is no exact count
+    (-1.0e+30, "-1e+30 (a float)"),
+    (float("inf"), "inf (a float)"),
+    (float("nan"), "nan (a float)"),
+    (2.5, "2.5 (a float)"),
+    ("2.5", "2.5 (a float)"),
+    (False, "false (a boolean)"),
+])
+def test_a_float_or_boolean_for_an_int_field_is_refused_not_truncated(value, shown):
+    with pytest.raises(RecipeError) as err:
+        build(Recipe, {"name": "x", "train": {"max_steps": value}}, source="recipes/demo/sft.yaml")
+    assert str(err.value) == f"recipes/demo/sft.yaml: 'train.max_steps' must be an int, got {shown}"
+
+
+def test_a_whole_float_for_an_int_field_becomes_that_int():
+    for value, expected in ((3.0, 3), ("3.0", 3), (float(2 ** 53), 2 ** 53), (10 ** 30, 10 ** 30)):
+        steps = build(Train, {"max_steps": value}, source="r.yaml").max_steps
+        assert steps == expected and type(steps) is int
+
+
+def test_a_float_for_an_int_field_of_a_trl_config_is_refused_through_the_stage(tmp_path):
+    pytest.importorskip("trl")
+    from smolforge.registry import load_stage
+
+    repo = Path(__file__).resolve().parents[1]
+    sft = load_stage("sft")
+    source = str(repo / "recipes/demo/sft.yaml")
+    for override, shown in (("trainer.max_steps=1.0e+30", "1e+30 (a float)"),
+                            ("trainer.max_steps=true", "true (a boolean)"),
+                            ("trainer.per_device_train_batch_size=2.5", "2.5 (a float)")):
+        stage, data = load_recipe(source, [override])
+        key = override.split("=")[0]
+        with pytest.raises(RecipeError) as err:
+            build_stage_recipe(sft, data, source=source)
+        assert str(err.value) == f"{source}: '{key}' must be an int, got {shown}"
+    f = tmp_path / "sft.yaml"                      # the same in the YAML itself
+    f.write_text("stage: sft\ntrainer:\n  max_steps: 1.0e+30\n")
+    with pytest.raises(RecipeError, match=r"sft.yaml: 'trainer.max_steps' must be an int, got 1e\+30 \(a float\)"):
+        build_stage_recipe(sft, load_recipe(f)[1], source=str(f))
+    stage, data = load_recipe(source, ["trainer.max_steps=3.0"])
+    assert build_stage_recipe(sft, data, source=source).trainer.max_steps == 3
 
 
 def test_other_annotations_pass_through_unchecked():
