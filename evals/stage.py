@@ -33,7 +33,7 @@ from smolforge.runs import Run, Runs, atomic_writer, write_json_atomic
 from smolforge.table import render_table
 
 from .long_context import rope_overrides
-from .suite import Suite, load_suite
+from .suite import Suite, SuiteTask, load_suite
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class Recipe:
     parity: str | None = None         # a second backend to score the same tasks with, then compare
     num_fewshot: int | None = None    # few-shot examples per prompt (None: each task's own setting)
     max_new_tokens: int = 128         # red-team suites: reply length
+    max_gen_toks: int | None = None   # lm-eval generation tasks: most new tokens per answer (None: each task's own, else lm-eval's 256)
     modes: list = field(default_factory=list)  # chat tasks once per reasoning mode: [think, no_think] (SmolLM3's flags)
     rope_scaling: dict = field(default_factory=dict)  # e.g. {rope_type: yarn, factor: 2}: score past the trained length
 
@@ -85,13 +86,43 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         if recipe.parity:
             raise RecipeError("parity applies to lm-eval suites, not to red-team suites")
         return
-    _selected(recipe, load_suite(recipe.suite))
+    suite = load_suite(recipe.suite)
+    if recipe.max_gen_toks is not None and recipe.max_gen_toks < 1:
+        raise RecipeError(f"max_gen_toks must be >= 1 or null, got {recipe.max_gen_toks}")
+    context = _max_length(target.model_dir, recipe.rope_scaling)
+    for task in _selected(recipe, suite):
+        _check_fewshot(suite.tasks[task], recipe.num_fewshot)
+        _check_generation(suite.tasks[task], recipe.max_gen_toks, context)
     if recipe.limit is not None and recipe.limit < 1:
         raise RecipeError(f"limit must be >= 1 or null, got {recipe.limit}")
     bad_modes = [m for m in recipe.modes if m not in MODES]
     if bad_modes or len(set(recipe.modes)) != len(recipe.modes):
         raise RecipeError(f"modes: each of {', '.join(MODES)} at most once, got {recipe.modes!r}")
     rope_overrides(target.model_dir, recipe.rope_scaling)
+
+
+def _check_fewshot(task: SuiteTask, num_fewshot: int | None) -> None:
+    """A task staged with its evaluation documents only has no few-shot examples to draw from."""
+    config = task.config
+    if num_fewshot and "staged_from" in (config.get("metadata") or {}) and config.get("fewshot_split") is None \
+            and (config.get("fewshot_config") or {}).get("samples") == []:
+        raise RecipeError(f"num_fewshot={num_fewshot}: task '{task.name}' was staged with its evaluation documents "
+                          f"only (smolforge eval stage), so there are no few-shot examples to draw; score it 0-shot")
+
+
+LM_EVAL_MAX_GEN_TOKS = 256   # what lm-eval generates at most when a task's generation_kwargs say nothing
+
+
+def _check_generation(task: SuiteTask, max_gen_toks: int | None, context: int | None) -> None:
+    """A generation task must leave room for its prompt in the model's context (lm-eval asserts it mid-run)."""
+    if task.config.get("output_type") != "generate_until" or not context:
+        return
+    own = (task.config.get("generation_kwargs") or {}).get("max_gen_toks")
+    budget = max_gen_toks or own or LM_EVAL_MAX_GEN_TOKS
+    if budget >= context:
+        where = "max_gen_toks" if max_gen_toks else ("the task's max_gen_toks" if own else "lm-eval's default")
+        raise RecipeError(f"task '{task.name}' generates up to {budget} new tokens ({where}) but the model's context "
+                          f"is {context} tokens: set max_gen_toks below {context} (e.g. --set max_gen_toks={context // 4})")
 
 
 MODES = ("think", "no_think")   # the system-prompt flags of SmolLM3's dual-mode chat template
@@ -145,7 +176,7 @@ def _task_manager(factory):
 def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None = None,
              batch_size: int = 32, device: str = "cpu", *, backend: str = "hf", endpoint: str | None = None,
              served_name: str | None = None, num_fewshot: int | None = None, modes: list | None = None,
-             rope_scaling: dict | None = None) -> tuple[dict, list[dict]]:
+             rope_scaling: dict | None = None, max_gen_toks: int | None = None) -> tuple[dict, list[dict]]:
     """Scores ``{task: {metric: value, metric_stderr: value}}`` and per-document samples.
 
     Chat tasks are scored once per entry of ``modes`` (system prompt ``/think`` or ``/no_think``;
@@ -185,18 +216,38 @@ def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None =
             out = lm_eval.simple_evaluate(model=lm, tasks=configs, task_manager=manager, limit=limit,
                                           apply_chat_template=chat, log_samples=True, bootstrap_iters=1000,
                                           num_fewshot=num_fewshot, system_instruction=mode and f"/{mode}",
+                                          gen_kwargs={"max_gen_toks": max_gen_toks} if max_gen_toks else None,
                                           random_seed=0, numpy_random_seed=0, torch_random_seed=0)
+        several = {}   # tasks scored under more than one filter (gsm8k: strict-match, flexible-extract)
         for task, values in out["results"].items():
+            several[task] = len({k.split(",", 1)[1] for k in values if "," in k}) > 1
             scores[mode_key(task, mode, modes) if chat else task] = {
-                k.split(",")[0]: v for k, v in values.items() if "," in k and isinstance(v, (int, float))}
+                score_name(k, several[task]): v for k, v in values.items() if "," in k and isinstance(v, (int, float))}
         for task, docs in out.get("samples", {}).items():
             for doc in docs:
                 samples.append({"task": mode_key(task, mode, modes) if chat else task,
                                 "doc_id": doc.get("doc_id"), "target": doc.get("target"),
+                                **({"filter": doc.get("filter")} if several.get(task) else {}),
                                 "arguments": [list(map(str, a)) for a in doc.get("arguments", [])],
                                 "resps": doc.get("filtered_resps"),
                                 **({"raw": doc.get("resps")} if doc.get("resps") != doc.get("filtered_resps") else {})})
     return scores, samples
+
+
+def score_name(key: str, by_filter: bool) -> str:
+    """A score's name from lm-eval's ``metric,filter`` key: the metric alone, or ``metric,filter`` where a
+    task is scored under several filters (``_stderr`` stays last).
+
+    >>> score_name("acc_stderr,none", False), score_name("exact_match,strict-match", True)
+    ('acc_stderr', 'exact_match,strict-match')
+    >>> score_name("exact_match_stderr,flexible-extract", True)
+    'exact_match,flexible-extract_stderr'
+    """
+    metric, _, name = key.partition(",")
+    if not by_filter:
+        return metric
+    stderr = metric.endswith("_stderr")
+    return f"{metric.removesuffix('_stderr')},{name}" + ("_stderr" if stderr else "")
 
 
 @contextlib.contextmanager
@@ -262,7 +313,8 @@ def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], back
     started = time.perf_counter()
     device = _device(recipe.device)
     common = dict(limit=recipe.limit, batch_size=recipe.batch_size, device=device, backend=backend,
-                  num_fewshot=recipe.num_fewshot, modes=recipe.modes, rope_scaling=recipe.rope_scaling)
+                  num_fewshot=recipe.num_fewshot, modes=recipe.modes, rope_scaling=recipe.rope_scaling,
+                  max_gen_toks=recipe.max_gen_toks)
     served_name = recipe.served_name or target.name
     endpoint = recipe.endpoint
     if backend == "endpoint" and not endpoint:
@@ -289,7 +341,8 @@ def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, sco
               "limit": recipe.limit, "backend": scored["backend"], "endpoint": scored["endpoint"],
               "settings": {"chat_template": _chat_template_hash(target.model_dir), "num_fewshot": recipe.num_fewshot,
                            "fewshot_as_multiturn": False, "greedy": True, "dtype": "float32",
-                           "modes": recipe.modes, "rope_scaling": recipe.rope_scaling or None},
+                           "modes": recipe.modes, "rope_scaling": recipe.rope_scaling or None,
+                           "max_gen_toks": recipe.max_gen_toks},
               "tasks": {key: {"scores": scores.get(key, {}), "primary": suite.tasks[t].primary,
                               "chat": suite.tasks[t].chat, "apply_chat_template": suite.tasks[t].chat,
                               "mode": _mode_of(key, suite.tasks[t].chat, recipe.modes),
