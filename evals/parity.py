@@ -53,6 +53,21 @@ def same_response(a: Any, b: Any, loglik_atol: float = LOGLIK_ATOL) -> bool:
     return a == b
 
 
+def largest_loglik_gap(a: Any, b: Any) -> float:
+    """The largest absolute difference between the log-likelihoods of two responses (0.0 for text).
+
+    >>> largest_loglik_gap([[-2.0, False], [-0.5, True]], [[-2.0004, False], [-0.5, True]]) < 5e-4
+    True
+    """
+    if isinstance(a, bool) or isinstance(b, bool):
+        return 0.0
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return abs(a - b)
+    if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
+        return max((largest_loglik_gap(x, y) for x, y in zip(a, b)), default=0.0)
+    return 0.0
+
+
 def compare(first: dict, second: dict, *, loglik_atol: float = LOGLIK_ATOL, metric_rtol: float = METRIC_RTOL) -> dict:
     """Per-task metric differences and differing documents of two scorings (``{backend, scores, samples}``)."""
     docs_a = {(s["task"], s["doc_id"]): s for s in first["samples"]}
@@ -75,8 +90,10 @@ def compare(first: dict, second: dict, *, loglik_atol: float = LOGLIK_ATOL, metr
                      if (_, doc_id) not in docs_a or (_, doc_id) not in docs_b
                      or not same_response(docs_a[(task, doc_id)]["resps"], docs_b[(task, doc_id)]["resps"],
                                           loglik_atol)]
+        both = [k for k in keys if k in docs_a and k in docs_b]
+        gap = max((largest_loglik_gap(docs_a[k]["resps"], docs_b[k]["resps"]) for k in both), default=0.0)
         tasks[task] = {"metrics": metrics, "documents": len(keys), "documents_differing": len(differing),
-                       "differing_doc_ids": differing[:20],
+                       "differing_doc_ids": differing[:20], "max_loglik_diff": gap,
                        "ok": all(m["ok"] for m in metrics.values()) and not differing}
     return {"first": first["backend"], "second": second["backend"], "agree": all(t["ok"] for t in tasks.values()),
             "tolerances": {"loglik_atol": loglik_atol, "metric_rtol": metric_rtol,

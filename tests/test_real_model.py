@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import real_model_file, run_stage
+from conftest import needs_vllm, real_model_file, run_stage
 
 from smolforge.errors import RecipeError
 
@@ -98,3 +98,78 @@ def test_a_template_that_cannot_be_masked_fails_before_any_run(real_model_run, r
                                           r"chat_template:.*trainer.assistant_only_loss: false"):
         sft.validate(recipe, runs)
     assert not (runs.root / "sft-unmaskable").exists()
+
+
+def tensor(model_dir, name: str):
+    from safetensors import safe_open
+
+    with safe_open(str(model_dir / "model.safetensors"), "pt") as weights:
+        return weights.get_tensor(name)
+
+
+def test_full_sft_updates_every_weight_of_the_real_model(real_model_run, runs, chats):
+    changes = sft_changes(real_model_run.name, chats, name="sft-real-full")
+    del changes["lora"]                                  # every weight trained
+    changes["trainer"] = {**changes["trainer"], "max_steps": 1, "learning_rate": 1e-5, "warmup_steps": 0}
+    run = run_stage("sft", runs, **changes)
+    assert run.status == "done" and run.metrics["train/steps"] == 1 and not (run.path / "adapter").exists()
+    name = "model.layers.0.self_attn.q_proj.weight"
+    before, after = tensor(real_model_run.model_dir, name), tensor(run.model_dir, name)
+    assert before.shape == after.shape == (576, 576) and 0 < (after - before).abs().max().item() < 1e-3
+
+
+@pytest.fixture(scope="module")
+def ultrafeedback_pairs(chats):
+    """Preference pairs as HuggingFaceH4/ultrafeedback_binarized publishes them: a prompt string, chosen and
+    rejected as whole conversations repeating the user turn, with messages/scores/prompt_id beside them."""
+    path = chats.parent / "ultrafeedback.jsonl"
+    rows = []
+    for i, (question, answer) in enumerate(CHATS):
+        def conversation(reply):
+            return [{"role": "user", "content": question}, {"role": "assistant", "content": reply}]
+        rows.append({"prompt": question, "prompt_id": f"{i:064x}", "chosen": conversation(answer),
+                     "rejected": conversation("I am not sure, sorry."), "messages": conversation(answer),
+                     "score_chosen": 8.0, "score_rejected": 3.0})
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def test_lora_dpo_on_ultrafeedback_pairs_prefers_the_chosen_answers(real_model_run, runs, ultrafeedback_pairs):
+    run = run_stage("dpo", runs, name="dpo-real", parent=real_model_run.name, data=str(ultrafeedback_pairs),
+                    lora={"r": 8, "alpha": 16},
+                    trainer={"max_steps": 3, "per_device_train_batch_size": 2, "max_length": 128,
+                             "learning_rate": 5e-5, "warmup_steps": 0, "logging_steps": 1, "save_steps": 1000})
+    assert run.status == "done" and run.metrics["train/steps"] == 3
+    logged = [json.loads(line) for line in open(run.path / "metrics.jsonl")]
+    margins = [row["rewards/margins"] for row in logged if "rewards/margins" in row]
+    assert len(margins) == 3 and margins[0] == 0.0      # step 1 scores the policy before any update
+    assert margins[-1] > 0                               # pairs seen again after two updates: chosen ahead
+    assert (run.path / "adapter").is_dir() and (run.model_dir / "model.safetensors").is_file()
+
+
+@pytest.fixture(scope="module")
+def gsm8k_prompts(chats):
+    """RL prompts in openai/gsm8k's layout: question, and the worked answer ending ``#### N``."""
+    path = chats.parent / "gsm8k.jsonl"
+    pairs = [(2, 3), (4, 5), (1, 6), (3, 3), (7, 2), (5, 4), (6, 1), (8, 1), (2, 2), (9, 0)]
+    path.write_text("".join(json.dumps({
+        "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+        "answer": f"He has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}"}) + "\n" for a, b in pairs))
+    return path
+
+
+@needs_vllm
+def test_grpo_rolls_out_through_vllm_on_gsm8k_prompts(real_model_run, runs, gsm8k_prompts):
+    run = run_stage("grpo", runs, name="grpo-real", parent=real_model_run.name, data=str(gsm8k_prompts),
+                    rewards=["math_match"], heldout_fraction=0.2, generation="vllm", eval_max_new_tokens=32,
+                    trainer={"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4,
+                             "max_completion_length": 32, "logging_steps": 1, "save_steps": 1000})
+    metrics = run.metrics
+    assert run.status == "done" and metrics["train/steps"] == 2
+    assert metrics["rl/generation"] == "vllm-server" and metrics["rl/weight_syncs"] >= 1
+    assert (metrics["rl/train_prompts"], metrics["rl/heldout_prompts"]) == (8, 2)
+    assert 0.0 <= metrics["rl/heldout_reward_before"] <= 1.0 and 0.0 <= metrics["rl/heldout_reward_after"] <= 1.0
+    logged = [json.loads(line) for line in open(run.path / "metrics.jsonl")]
+    lengths = [row["completions/mean_length"] for row in logged if "completions/mean_length" in row]
+    assert len(lengths) == 2 and all(0 < n <= 32 for n in lengths)
+    assert (run.model_dir / "model.safetensors").is_file()
