@@ -183,6 +183,20 @@ def real_model_run(runs, chain_root):
                       lambda root: import_model(root, real_model_file(), "smollm2-135m", overwrite=True))
 
 
+@pytest.fixture(scope="module")
+def staged(tmp_path_factory):
+    """Each standard task staged from tests/standard_task_rows.py into a private $SMOLFORGE_STAGED, which
+    stays set for the module's tests: {task: staged folder}."""
+    from smolforge.evals.staging import stage_task
+    from standard_task_rows import STAGED_TASKS, write_rows
+
+    root = tmp_path_factory.mktemp("standard-tasks")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("SMOLFORGE_STAGED", str(root / "staged"))
+        paths = write_rows(root / "rows")
+        yield {task: stage_task(task, paths[task]) for task in STAGED_TASKS}
+
+
 QUIET = {"tracking": {"report_to": ["none"]}}
 ZERO_TRAIN = {"max_steps": 6, "log_every": 1, "seq_len": 64}   # the multi-rank pretraining runs
 

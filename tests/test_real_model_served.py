@@ -5,7 +5,6 @@ in-process and through the endpoint, document for document."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,22 +14,11 @@ from conftest import REPO, needs_vllm
 
 from smolforge.recipe import build_stage_recipe
 from smolforge.registry import load_stage
-from standard_task_rows import STAGED_TASKS, write_rows
+from standard_task_rows import STAGED_TASKS
 
 pytestmark = [pytest.mark.slow, needs_vllm]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
-
-
-@pytest.fixture(scope="module")
-def staged(tmp_path_factory):
-    from smolforge.evals.staging import stage_task
-
-    root = tmp_path_factory.mktemp("real-standard-tasks")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SMOLFORGE_STAGED", str(root / "staged"))
-        paths = write_rows(root / "rows")
-        yield {task: stage_task(task, paths[task]) for task in STAGED_TASKS}
 
 
 @pytest.fixture(scope="module")

@@ -27,18 +27,6 @@ def choices(row: dict) -> int:
     return len(found["text"] if isinstance(found, dict) else found)
 
 
-@pytest.fixture(scope="module")
-def staged(tmp_path_factory):
-    """Each task staged into a private $SMOLFORGE_STAGED, which stays set for the module's tests."""
-    from smolforge.evals.staging import stage_task
-
-    root = tmp_path_factory.mktemp("standard-tasks")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("SMOLFORGE_STAGED", str(root / "staged"))
-        paths = write_rows(root / "rows")
-        yield {task: stage_task(task, paths[task]) for task in STAGED_TASKS}
-
-
 def eval_recipe(**changes):
     return build_stage_recipe(load_stage("eval"), changes, source="eval (test)")
 
