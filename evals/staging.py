@@ -41,7 +41,6 @@ import difflib
 import functools
 import hashlib
 import importlib.util
-import json
 import shutil
 from pathlib import Path
 
@@ -115,19 +114,14 @@ def check_row(dataset: str, row: dict) -> str | None:
 
 def check_rows(source: Path, dataset: str | None) -> int:
     """Read every row of ``source``; DataError naming the first bad line. The number of documents."""
+    from smolforge.data.jsonl import read_jsonl
+
     count = 0
-    with open(source, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise DataError(f"{source} line {number}: not JSON ({error.msg})") from None
-            problem = check_row(dataset, row) if dataset in NATIVE_ROWS else None
-            if problem:
-                raise DataError(f"{source} line {number}: {problem}")
-            count += 1
+    for number, row in read_jsonl(source):
+        problem = check_row(dataset, row) if dataset in NATIVE_ROWS else None
+        if problem:
+            raise DataError(f"{source} line {number}: {problem}")
+        count += 1
     if not count:
         raise DataError(f"{source}: holds no documents")
     return count
