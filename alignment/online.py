@@ -51,6 +51,8 @@ class OnlineRecipe:
     rewards: list = field(default_factory=lambda: ["answer_match"])  # reward functions or run:<reward run>
     heldout_fraction: float = field(default=0.2, metadata=FRACTION)    # prompts kept out of training to measure the reward before/after
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
+    chat_prompts: bool = False        # plain-text prompts (a GSM8K question) become a user turn, so an instruct
+                                      #   policy's chat template wraps them; false: the text as given (a base model)
     generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
@@ -74,6 +76,9 @@ def load_prompts(recipe, runs: Runs, seed: int):
 
     paths, data_run = resolve_data(recipe.data, runs, "prompts")
     rows = load_many(paths, "prompt")
+    if recipe.chat_prompts:
+        rows = [{**row, "prompt": [{"role": "user", "content": row["prompt"]}]} if isinstance(row["prompt"], str)
+                else row for row in rows]
     train, heldout = split_heldout(rows, recipe.heldout_fraction, seed)
     if not train:
         raise RecipeError(f"{recipe.data}: {len(rows)} prompt rows leave none for training after the "
@@ -122,7 +127,11 @@ def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> No
     """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
-    _choose_rollouts(recipe, model_parent(runs, recipe.parent).model_dir, has_rollout_hook)
+    model_dir = model_parent(runs, recipe.parent).model_dir
+    _choose_rollouts(recipe, model_dir, has_rollout_hook)
+    if recipe.chat_prompts and not getattr(load_tokenizer(model_dir), "chat_template", None):
+        raise RecipeError(f"chat_prompts: true, but the parent '{recipe.parent}' has no chat template to wrap the "
+                          "prompts with (a base model: set chat_prompts: false)")
     if not 0 < recipe.heldout_fraction < 1:
         raise RecipeError(f"heldout_fraction must be between 0 and 1, got {recipe.heldout_fraction}")
     _, _, train, heldout = load_prompts(recipe, runs, recipe.trainer.seed)

@@ -181,9 +181,10 @@ def load_ablation(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> A
     recipe_path = path.parent / str(data["recipe"])
     baseline = load_yaml(recipe_path)
     stage = baseline.pop("stage", None)
-    if stage not in stages() or stage not in MODEL_STAGES or stage == "merge":
+    trained = [s for s in MODEL_STAGES if s not in ("merge", "import")]
+    if stage not in stages() or stage not in trained:
         raise RecipeError(f"{recipe_path}: an ablation trains a model; its recipe's stage must be one of "
-                          f"{', '.join(s for s in MODEL_STAGES if s != 'merge')}, got {stage!r}")
+                          f"{', '.join(trained)}, got {stage!r}")
     changes = data.get("set") or {}
     if not isinstance(changes, dict):
         raise RecipeError(f"{source}: 'set' must be a mapping of key.path: value")

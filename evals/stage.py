@@ -56,6 +56,8 @@ class Recipe:
     max_gen_toks: int | None = None   # lm-eval generation tasks: most new tokens per answer (None: each task's own, else lm-eval's 256)
     modes: list = field(default_factory=list)  # chat tasks once per reasoning mode: [think, no_think] (SmolLM3's flags)
     rope_scaling: dict = field(default_factory=dict)  # e.g. {rope_type: yarn, factor: 2}: score past the trained length
+    staged_from: str | None = None    # a .jsonl of a standard lm-eval task's documents (the hub dataset's columns):
+                                      #   `suite` names the task, staged from this file first (smolforge eval stage)
 
 
 def _selected(recipe: Recipe, suite: Suite) -> list[str]:
@@ -82,6 +84,10 @@ def validate(recipe: Recipe, runs: Runs) -> None:
             raise RecipeError(f"{field_name} must be one of {', '.join(BACKENDS)}, got {value!r}")
     if recipe.parity is not None and recipe.parity == recipe.backend:
         raise RecipeError(f"parity: compares two backends; both are {recipe.backend!r}")
+    if recipe.staged_from is not None:  # rows checked, then staged (not a run folder: the staged-suites cache)
+        from .staging import stage_task
+
+        stage_task(recipe.suite, recipe.staged_from)
     if _is_redteam(recipe.suite):
         if recipe.parity:
             raise RecipeError("parity applies to lm-eval suites, not to red-team suites")

