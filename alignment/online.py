@@ -18,7 +18,7 @@ optimizer step, :mod:`smolforge.generation.rollouts`); RLOO has
 no such hook in TRL and generates with HF there. Elsewhere, HF ``generate``.
 
     >>> sorted(OnlineRecipe().__dataclass_fields__)[:3]
-    ['data', 'eval_max_new_tokens', 'generation']
+    ['chat_prompts', 'data', 'eval_max_new_tokens']
 """
 from __future__ import annotations
 

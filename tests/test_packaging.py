@@ -36,7 +36,9 @@ def test_the_wheel_installs_namespaced_stages_and_their_suites_and_resists_a_sha
              "from smolforge.registry import suite_folders\n"
              "print(smolforge.data.stage.__file__)\nprint(sorted(suite_folders()))\n")
     # the unpacked wheel comes first on the path (the editable install's finder only answers after it)
-    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site")}
+    # an empty staged-tasks folder: the user's own staged standard tasks (~/.cache/smolforge/staged) are suites too
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "site"), "SMOLFORGE_STAGED": str(tmp_path / "staged")}
+    env.pop("SMOLFORGE_SUITES", None)
     ran = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd=work, env=env, timeout=120)
     assert ran.returncode == 0, ran.stderr[-2000:]
     first, suites = ran.stdout.splitlines()
