@@ -54,6 +54,47 @@ def cuda_available() -> bool:
     return torch.cuda.is_available()
 
 
+def load_trainable(model_dir: str | Path, *, auto_class: Any = None, **kwargs) -> Any:
+    """The model a stage trains, loaded from ``model_dir`` in float32 whatever the checkpoint's dtype.
+
+    These weights are the optimizer's master copy. transformers 5 loads a checkpoint in its own
+    dtype, so a bf16 parent (pretraining with ``train.precision: bf16``) would have AdamW update
+    bf16 weights directly, where small updates round away. HF Trainer's ``bf16`` without
+    DeepSpeed is autocast over these fp32 weights; DeepSpeed's bf16 casts the module itself and
+    keeps its own fp32 master copy, so fp32 is the right start there too (the planner counts both
+    so: ``ppo_state_bytes_per_param``). ``auto_class`` defaults to ``AutoModelForCausalLM``;
+    ``kwargs`` go to its ``from_pretrained`` (e.g. ``attn_implementation``).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    return (auto_class or AutoModelForCausalLM).from_pretrained(model_dir, dtype=torch.float32, **kwargs)
+
+
+def frozen_dtype(bf16: bool) -> str:
+    """The dtype of a frozen model beside a trainer (DPO's and PPO's reference): bf16 when training
+    is bf16, else float32.
+
+    It gets no optimizer updates, so it needs no fp32 master copy; under bf16 its matmuls run in
+    bf16 anyway (autocast, or DeepSpeed's bf16 engine), and bf16 halves its memory (the planner
+    counts a reference at 2 bytes a parameter in bf16, 4 in fp32).
+
+    >>> frozen_dtype(bf16=True), frozen_dtype(bf16=False)
+    ('bfloat16', 'float32')
+    """
+    return "bfloat16" if bf16 else "float32"
+
+
+def load_frozen(model_dir: str | Path, *, bf16: bool, **kwargs) -> Any:
+    """A frozen causal LM from ``model_dir`` (a reference model): :func:`frozen_dtype`, no gradients, eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, frozen_dtype(bf16)), **kwargs)
+    model.requires_grad_(False)
+    return model.eval()
+
+
 def trainer_defaults(**overrides) -> dict:
     """TrainingArguments values that work on the demo (CPU, tiny model) and on a GPU.
 
@@ -193,7 +234,29 @@ def train_summary(trainer, result) -> dict:
     if losses:
         summary["train/first_loss"] = round(losses[0], 5)
         summary["train/last_loss"] = round(losses[-1], 5)
-    return summary
+    return {**summary, **trained_dtypes(trainer.model, trainer.optimizer)}
+
+
+def trained_dtypes(model, optimizer) -> dict:
+    """``train/weight_dtype`` and ``train/master_dtype``: what the trainable weights hold and what the
+    optimizer updates. Wrappers (accelerate's, DeepSpeed's ZeRO and bf16 optimizers) are unwrapped to the
+    torch optimizer inside, whose parameters are the master copy (DeepSpeed's fp32 partitions); a ZeRO-3
+    parameter's own dtype is that of its partition (``ds_tensor``).
+
+    >>> import torch
+    >>> layer = torch.nn.Linear(2, 2).to(torch.bfloat16)
+    >>> trained_dtypes(layer, torch.optim.AdamW(layer.parameters()))
+    {'train/weight_dtype': 'bfloat16', 'train/master_dtype': 'bfloat16'}
+    """
+    def names(tensors) -> str:
+        return "+".join(sorted({str(t.dtype).removeprefix("torch.") for t in tensors})) or "none"
+
+    inner = optimizer
+    while getattr(inner, "optimizer", None) is not None:
+        inner = inner.optimizer
+    weights = [getattr(p, "ds_tensor", p) for p in model.parameters() if p.requires_grad]
+    masters = [p for group in getattr(inner, "param_groups", []) for p in group["params"]]
+    return {"train/weight_dtype": names(weights), "train/master_dtype": names(masters)}
 
 
 # What each TRL stage reads: the data kind (file name in a data run) and the row schema.

@@ -50,8 +50,8 @@ from smolforge.errors import DataError, RecipeError
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
-from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, lora_config, model_parent, quiet_tracking,
-                     train_from_parent, trainer_defaults, validate_inputs)
+from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, load_frozen, load_trainable, lora_config,
+                     model_parent, quiet_tracking, train_from_parent, trainer_defaults, validate_inputs)
 
 log = logging.getLogger(__name__)
 
@@ -223,27 +223,35 @@ def final_metrics(trainer, keys=("rewards/accuracies", "rewards/margins")) -> di
     return {f"train/{key.split('/')[-1]}": round(value, 5) for key, value in last.items()}
 
 
-def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    from transformers import AutoModelForCausalLM
+def trainer_factory(recipe: Recipe, reference: Path | None):
+    """``make_trainer(model_dir, dataset, tokenizer, callbacks)``: TRL's DPOTrainer as this recipe trains
+    (``trainer:`` as its args, LoRA): the policy in fp32 (:func:`~.common.load_trainable`), the frozen
+    ``reference`` (:func:`reference_dir`; None: TRL's implicit one) in :func:`~.common.frozen_dtype`."""
     from trl import DPOTrainer
 
-    reference = reference_dir(recipe, runs)
     precompute = recipe.trainer.precompute_ref_log_probs
 
     def make_trainer(model_dir, dataset, tokenizer, callbacks):
         # With precomputed log-probs and the parent as reference, TRL runs the policy itself (still
         # untrained) over the data before step 1, so no second copy is loaded at all.
         load_reference = reference is not None and not (precompute and reference.resolve() == model_dir.resolve())
+        # The reference takes no optimizer steps, so it needs no fp32 master copy: bf16 when training is
+        # bf16 (its matmuls run in bf16 under autocast anyway; half the memory), fp32 otherwise.
         trainer = DPOTrainer(
-            model=AutoModelForCausalLM.from_pretrained(model_dir),
-            ref_model=AutoModelForCausalLM.from_pretrained(reference) if load_reference else None,
+            model=load_trainable(model_dir),
+            ref_model=load_frozen(reference, bf16=recipe.trainer.bf16) if load_reference else None,
             args=recipe.trainer, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
             peft_config=lora_config(recipe.lora) if recipe.lora is not None else None)
         if precompute:
             trainer.ref_model = None  # its log-probs are dataset columns now; TRL would keep it in memory
         return trainer
 
+    return make_trainer
+
+
+def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     reference_parent = reference_run(recipe, runs)
-    return train_from_parent("dpo", recipe, runs, make_trainer, overwrite=overwrite, summarize=final_metrics,
+    return train_from_parent("dpo", recipe, runs, trainer_factory(recipe, reference_dir(recipe, runs)),
+                             overwrite=overwrite, summarize=final_metrics,
                              export=export_merged if recipe.lora is not None else None,
                              extra_parents=(reference_parent,) if reference_parent else ())

@@ -37,7 +37,9 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     validate_online(recipe, runs, has_rollout_hook=True)
 
 
-def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+def trainer_factory(recipe: Recipe):
+    """``make_trainer(model, dataset, tokenizer, rewards, callbacks, rollout_func)`` for
+    :func:`~smolforge.alignment.online.train_online`: TRL's GRPOTrainer on the loaded policy."""
     from trl import GRPOTrainer
 
     def make_trainer(model, dataset, tokenizer, rewards, callbacks, rollout_func):
@@ -46,4 +48,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         return GRPOTrainer(model=model, reward_funcs=rewards, args=recipe.trainer, train_dataset=dataset,
                            processing_class=tokenizer, callbacks=callbacks, rollout_func=rollout_func)
 
-    return train_online("grpo", recipe, runs, make_trainer, overwrite=overwrite, has_rollout_hook=True)
+    return make_trainer
+
+
+def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+    return train_online("grpo", recipe, runs, trainer_factory(recipe), overwrite=overwrite, has_rollout_hook=True)

@@ -27,7 +27,7 @@ from smolforge.lr_range import Sweep, fmt_lr
 from smolforge.runs import Run, Runs
 
 from .common import load_inputs, split_heldout
-from .sft import Recipe, prepare_rows, pretraining_lr, resolve_learning_rate, trainer_factory
+from .sft import Recipe, attention, prepare_rows, pretraining_lr, resolve_learning_rate, trainer_factory
 
 WINDOW_RULE = "the playbook's SFT LR: 1/10-1/5 of pretraining's peak"
 
@@ -81,7 +81,7 @@ def lr_find(recipe: Recipe, runs: Runs, sweep: Sweep) -> Run:
         with sweep.run(runs, "sft", recipe, parents) as run:
             swept = dataclasses.replace(recipe, trainer=sweep_args(recipe, sweep, str(run.path / "trainer")),
                                         early_stopping_patience=0)
-            trainer = trainer_factory(swept)(parent.model_dir, Dataset.from_list(rows), tokenizer, [Record()])
+            trainer = trainer_factory(swept, attention(swept, runs))(parent.model_dir, Dataset.from_list(rows), tokenizer, [Record()])
             trainer.remove_callback(PrinterCallback)  # one JSON object on stdout with --json, not a log line a step
             trainer.create_optimizer()
             trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, sweep.multiplier)

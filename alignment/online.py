@@ -5,8 +5,10 @@ PPO (:mod:`smolforge.alignment.ppo`, its own loop) loads its prompts and rewards
 A stage reads a parent run's model and a data run's ``prompts`` kind (``{"prompt", "answer"}``
 rows; or a ``.jsonl`` of such rows), holds out ``heldout_fraction`` of the prompts (a seeded
 shuffle), resolves the recipe's ``rewards:`` (short names, ``module:function`` or ``run:<reward
-run>``, see :mod:`smolforge.alignment.rewards`) and trains with TRL. Before and after training the policy
-answers the held-out prompts greedily; the mean verifier reward of both lands in run.json as
+run>``, see :mod:`smolforge.alignment.rewards`) and trains with TRL. The policy loads in fp32 (its
+master weights, whatever the parent's checkpoint dtype) onto the device the trainer trains it on.
+Before and after training it answers the held-out prompts greedily there; the mean verifier reward of
+both lands in run.json as
 ``rl/heldout_reward_before`` and ``rl/heldout_reward_after``, which is how a recipe shows RL helped.
 
 Generation (``generation:``, chosen by :func:`smolforge.generation.backends.pick_backend`, logged once):
@@ -35,8 +37,8 @@ from smolforge.tracking import TrackingSpec
 
 from smolforge.generation.prompts import load_tokenizer
 
-from .common import (check_tracking, lineage_fingerprints, model_parent, quiet_tracking, run_logger, split_heldout,
-                     step_profiler, train_summary, trainer_defaults)
+from .common import (check_tracking, lineage_fingerprints, load_trainable, model_parent, quiet_tracking, run_logger,
+                     split_heldout, step_profiler, train_summary, trainer_defaults)
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +143,49 @@ def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> No
     reward_functions(recipe.rewards, runs)
 
 
+def policy_device(local: Any, *, use_cpu: bool) -> Any:
+    """The device the trainer will train the policy on, where its held-out "before" answers are
+    sampled too: this rank's device ``local`` (:func:`smolforge.devices.local_device`: its CUDA card,
+    else the CPU), or the CPU when the recipe says ``trainer.use_cpu``.
+
+    >>> import torch
+    >>> policy_device(torch.device("cuda", 1), use_cpu=False), policy_device(torch.device("cuda", 1), use_cpu=True)
+    (device(type='cuda', index=1), device(type='cpu'))
+    """
+    import torch
+
+    return torch.device("cpu") if use_cpu else local
+
+
+def load_policy(model_dir: Any, device: Any) -> Any:
+    """The starting policy: fp32 master weights (:func:`~.common.load_trainable`) on ``device``
+    (:func:`policy_device`). A policy DeepSpeed ZeRO-3 loaded sharded stays as it is: its shards
+    already sit on this rank's device, and ``full_weights`` gathers them there."""
+    model = load_trainable(model_dir)
+    if any(hasattr(p, "ds_id") for p in model.parameters()):
+        return model
+    return model.to(device)
+
+
+def server_first(cuda: bool) -> bool:
+    """Whether the rollout vLLM server must be ready before the policy touches the training device.
+
+    On a CUDA GPU vLLM measures the card's free memory while it starts (it sizes its KV cache from
+    it), so a trainer allocating meanwhile makes it fail or mis-size the cache. On CPU nothing is
+    shared: vLLM boots while the policy loads and answers the held-out prompts.
+
+    >>> server_first(cuda=True), server_first(cuda=False)
+    (True, False)
+    """
+    return cuda
+
+
+def start_rollouts(rollouts: Any, *, cuda: bool) -> Any:
+    """Start ``rollouts`` (a :class:`~smolforge.generation.rollouts.ServerRollouts`): ready when this
+    returns if :func:`server_first`, else booting in the background (its first use waits)."""
+    return rollouts.start() if server_first(cuda) else rollouts.start_in_background()
+
+
 def server_rollout_func(rollouts, tokenizer, args) -> Callable:
     """TRL ``rollout_func``: one sampled completion per prompt row from the vLLM server.
 
@@ -173,9 +218,9 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     a trainer with TRL's rollout hook (``has_rollout_hook``) can take.
     """
     from datasets import Dataset
-    from transformers import AutoModelForCausalLM
 
     from smolforge.data.jsonl import write_jsonl
+    from smolforge.devices import local_device
 
     from .rewards import mean_reward
 
@@ -186,19 +231,20 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     rewards = reward_functions(recipe.rewards, runs)
     backend = rollout_backend(recipe, parent.model_dir, has_rollout_hook=has_rollout_hook,
                               processes=process_state().num_processes)
+    device = policy_device(local_device(), use_cpu=recipe.trainer.use_cpu)
     parents = [parent] + ([data_run] if data_run else [])
     fingerprints = lineage_fingerprints(parents, {"prompts": paths})
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         rollouts = None
-        if backend == "vllm-server":   # vLLM boots while the policy loads and is scored
-            from smolforge.generation.rollouts import ServerRollouts
-
-            rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts",
-                                      seed=recipe.trainer.seed).start_in_background()
         try:
+            if backend == "vllm-server":   # on CPU it boots while the policy loads; on a GPU it is ready first
+                from smolforge.generation.rollouts import ServerRollouts
+
+                rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts", seed=recipe.trainer.seed)
+                start_rollouts(rollouts, cuda=device.type == "cuda")
             tokenizer = load_tokenizer(parent.model_dir)
-            model = AutoModelForCausalLM.from_pretrained(parent.model_dir)
+            model = load_policy(parent.model_dir, device)
             with full_weights(model):
                 before, details_before = mean_reward(model, tokenizer, heldout, rewards,
                                                      max_new_tokens=recipe.eval_max_new_tokens)

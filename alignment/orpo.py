@@ -27,7 +27,7 @@ from trl.import_utils import TRLExperimentalWarning
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
-from .common import TrackingSpec, quiet_tracking, train_from_parent, trainer_defaults
+from .common import TrackingSpec, load_trainable, quiet_tracking, train_from_parent, trainer_defaults
 from .dpo import check_beta_positive, final_metrics, validate_preferences
 
 with warnings.catch_warnings():
@@ -60,18 +60,22 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     validate_preferences("orpo", recipe, runs)
 
 
-def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    from transformers import AutoModelForCausalLM
-
+def trainer_factory(recipe: Recipe):
+    """``make_trainer(model_dir, dataset, tokenizer, callbacks)``: TRL's ORPOTrainer as this recipe trains,
+    on the parent's weights in fp32 (:func:`~.common.load_trainable`)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", TRLExperimentalWarning)
         from trl.experimental.orpo import ORPOTrainer
 
     def make_trainer(model_dir, dataset, tokenizer, callbacks):
-        return ORPOTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=recipe.trainer,
+        return ORPOTrainer(model=load_trainable(model_dir), args=recipe.trainer,
                            train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
 
+    return make_trainer
+
+
+def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     def summarize(trainer) -> dict:
         return final_metrics(trainer, ("rewards/accuracies", "rewards/margins", "nll_loss", "log_odds_ratio"))
 
-    return train_from_parent("orpo", recipe, runs, make_trainer, overwrite=overwrite, summarize=summarize)
+    return train_from_parent("orpo", recipe, runs, trainer_factory(recipe), overwrite=overwrite, summarize=summarize)

@@ -91,7 +91,7 @@ from smolforge.recipe import FRACTION, to_dict
 from smolforge.runs import Run, Runs
 
 from .common import check_tracking, lineage_fingerprints, model_parent, open_tracker
-from .online import OnlineRecipe, load_prompts, reward_functions
+from .online import OnlineRecipe, load_prompts, reward_functions, start_rollouts
 from .ppo_scoring import score_completions
 
 log = logging.getLogger(__name__)
@@ -252,7 +252,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         else _NoRun(runs.root / recipe.name, accelerator.process_index)
     with context as run:
         set_seed(spec.seed, device_specific=True)
-        with _rollouts(backend, parent.model_dir, run, spec) as rollouts:   # vLLM boots while the models load
+        with _rollouts(backend, parent.model_dir, run, spec, cuda=accelerator.device.type == "cuda") as rollouts:
             models = build_models(parent.model_dir, spec, accelerator)
             before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
             log.info("ppo: held-out reward of the parent policy %.3f on %d prompts", before, len(heldout))
@@ -330,15 +330,16 @@ def _rollout_backend(recipe: Recipe, model_dir, num_processes: int) -> str:
 
 
 @contextlib.contextmanager
-def _rollouts(backend: str, model_dir, run, spec: PPOSpec):
-    """A vLLM server holding the policy for "vllm-server", booting in the background (its first use
-    waits; stopped on exit), else None (HF generate)."""
+def _rollouts(backend: str, model_dir, run, spec: PPOSpec, *, cuda: bool):
+    """A vLLM server holding the policy for "vllm-server", else None (HF generate); stopped on exit.
+    On CPU it boots in the background while the models load (its first use waits); on a CUDA GPU it
+    is ready before the models touch the card (:func:`~.online.server_first`)."""
     if backend == "hf":
         yield None
         return
-    rollouts = server_rollouts(model_dir, run.path / "rl" / "rollouts", spec).start_in_background()
+    rollouts = server_rollouts(model_dir, run.path / "rl" / "rollouts", spec)
     try:
-        yield rollouts
+        yield start_rollouts(rollouts, cuda=cuda)
     finally:
         rollouts.stop()
 

@@ -21,6 +21,8 @@ from torch import nn
 
 from smolforge.generation.prompts import load_tokenizer
 
+from .common import load_frozen, load_trainable
+
 if TYPE_CHECKING:
     from .ppo import PPOSpec
 
@@ -119,20 +121,18 @@ def build_models(model_dir, spec: PPOSpec, accelerator=None) -> Models:
     bf16 when training is bf16. Under ZeRO-3 (``zero3_init_flag``) each loads already sharded.
     """
     from accelerate import Accelerator
-    from transformers import AutoModel, AutoModelForCausalLM
+    from transformers import AutoModel
 
     accelerator = accelerator or Accelerator()
     tokenizer = load_tokenizer(model_dir)
-    policy = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    value_model = ValueModel(AutoModel.from_pretrained(model_dir, dtype=torch.float32))
-    ref = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16 if bf16(accelerator) else torch.float32)
+    policy = load_trainable(model_dir)
+    value_model = ValueModel(load_trainable(model_dir, auto_class=AutoModel))
+    ref = load_frozen(model_dir, bf16=bf16(accelerator))
     for module in (policy, value_model, ref):
         no_dropout(module)
     if spec.gradient_checkpointing:  # training forwards already pass use_cache=False
         for backbone in (policy, value_model.backbone):
             backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    ref.requires_grad_(False)
-    ref.eval()
     model = PolicyAndValue(policy, value_model)
     value_lr = spec.value_learning_rate if spec.value_learning_rate is not None else 10 * spec.learning_rate
     optimizer = torch.optim.AdamW([{"params": list(policy.parameters()), "lr": spec.learning_rate},

@@ -216,9 +216,9 @@ class RewardModelScorer:
     """
 
     def __init__(self, run_path: str | Path, batch_size: int = 16, device: str | None = None) -> None:
-        import torch
         from transformers import AutoModelForSequenceClassification
 
+        from smolforge.devices import local_device
         from smolforge.generation.prompts import load_tokenizer
 
         path = Path(run_path)
@@ -233,7 +233,7 @@ class RewardModelScorer:
                            "a reward model has exactly one (train it with the reward stage)")
         if self.model.config.pad_token_id is None:
             self.model.config.pad_token_id = self.tokenizer.pad_token_id
-        self.model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
+        self.model.to(device or local_device()).eval()   # this rank's card ("cuda" is cuda:0 until accelerate sets a device)
         self.batch_size = batch_size
 
     def __repr__(self) -> str:

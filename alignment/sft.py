@@ -29,13 +29,14 @@ from dataclasses import dataclass, field
 
 from trl import SFTConfig
 
+from smolforge.attention import check_choice
 from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError, RunError
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
-from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, lora_config, quiet_tracking, train_from_parent,
-                     trainer_defaults, validate_inputs)
+from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, load_trainable, lora_config, quiet_tracking,
+                     train_from_parent, trainer_defaults, validate_inputs)
 
 log = logging.getLogger(__name__)
 TRL_DEFAULT_LR = SFTConfig.__dataclass_fields__["learning_rate"].default
@@ -66,6 +67,8 @@ class Recipe:
     early_stopping_patience: int = 3  # evaluations without a better eval loss before stopping (0 = off)
     lr_vs_pretrain: float = 0.2       # LR = this x the lineage's pretraining peak LR, when trainer.learning_rate is unset
     chat_template: str | None = None  # a Jinja chat template replacing the tokenizer's
+    attn_implementation: str = "auto"  # auto | sdpa | flex_attention | flash_attention_2 | flash_attention_3 | eager: auto
+                                       # takes a varlen kernel for packed/padding-free rows on a GPU (smolforge/attention.py)
     lora: LoraSpec | None = None      # PEFT LoRA adapters, merged into model/ at the end
     trainer: SFTConfig = field(default_factory=lambda: SFTConfig(**defaults()["trainer"]))  # any trl.SFTConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
@@ -129,14 +132,38 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         raise RecipeError("early_stopping_patience needs a held-out split: set eval_fraction > 0 (or patience 0)")
     if not 0 < recipe.lr_vs_pretrain <= 1:
         raise RecipeError(f"lr_vs_pretrain must be in (0, 1], got {recipe.lr_vs_pretrain}")
+    t = recipe.trainer
+    if t.padding_free and not t.packing and t.max_length is not None:
+        raise RecipeError("trainer.padding_free without trainer.packing does not cut rows at trainer.max_length "
+                          f"({t.max_length}), which TRL refuses: set trainer.max_length: null (rows as they are) "
+                          "or trainer.packing: true (rows packed to max_length)")
+    check_choice(recipe.attn_implementation)
     check_lora(recipe.lora)
     validate_inputs("sft", recipe, runs)
+    attention(recipe, runs)
     check_chat_template(recipe, runs)
+
+
+def attention(recipe: Recipe, runs: Runs) -> str:
+    """The attention implementation the run loads its model with: ``attn_implementation`` resolved for
+    this machine and these batches (packed or padding-free rows are one flattened row per batch: without a
+    varlen kernel, sdpa computes them under a dense (batch x length)^2 mask); RecipeError when the asked
+    one cannot run here."""
+    import json
+
+    from smolforge.attention import resolve_attention
+
+    from .common import model_parent
+
+    t = recipe.trainer
+    config = json.loads((model_parent(runs, recipe.parent).model_dir / "config.json").read_text())
+    return resolve_attention(recipe.attn_implementation, packed=bool(t.packing or t.padding_free),
+                             half_precision=bool(t.bf16 or t.fp16), dropout=float(config.get("attention_dropout") or 0.0))
 
 
 def _summary(trainer) -> dict:
     state = trainer.state
-    out = {}
+    out = {"train/attn_implementation": trainer.model.config._attn_implementation}
     evals = [h["eval_loss"] for h in state.log_history if "eval_loss" in h]
     if evals:
         out["sft/heldout_loss"] = round(min(evals), 5)
@@ -182,11 +209,12 @@ def check_chat_template(recipe: Recipe, runs: Runs) -> None:
         check_template(tokenizer, load_many(paths, "chat")[:CHECK_ROWS])
 
 
-def trainer_factory(recipe: Recipe):
+def trainer_factory(recipe: Recipe, attn_implementation: str | None = None):
     """``make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None)``: TRL's SFTTrainer as
     this recipe trains (``trainer:`` as its args, the chat template, early stopping, LoRA); :func:`run`
-    and the LR range test (:mod:`.lr_find`) build their trainers with it."""
-    from transformers import AutoModelForCausalLM, EarlyStoppingCallback
+    and the LR range test (:mod:`.lr_find`) build their trainers with it; ``attn_implementation`` as
+    :func:`attention` resolved it (None: transformers' default)."""
+    from transformers import EarlyStoppingCallback
     from trl import SFTTrainer
 
     peft_config = lora_config(recipe.lora) if recipe.lora is not None else None
@@ -199,7 +227,8 @@ def trainer_factory(recipe: Recipe):
             args = dataclasses.replace(args, assistant_only_loss=False)
         if eval_dataset is not None and recipe.early_stopping_patience > 0:
             callbacks = callbacks + [EarlyStoppingCallback(early_stopping_patience=recipe.early_stopping_patience)]
-        return SFTTrainer(model=AutoModelForCausalLM.from_pretrained(model_dir), args=args,
+        loading = {"attn_implementation": attn_implementation} if attn_implementation else {}
+        return SFTTrainer(model=load_trainable(model_dir, **loading), args=args,
                           train_dataset=dataset, eval_dataset=eval_dataset, processing_class=tokenizer,
                           callbacks=callbacks, peft_config=peft_config)
 
@@ -233,7 +262,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     resolve_learning_rate(recipe, runs)
     recipe.trainer = _with_early_stopping(recipe)
     prepare = prepare_rows(recipe)
-    return train_from_parent("sft", recipe, runs, trainer_factory(recipe), overwrite=overwrite,
+    make_trainer = trainer_factory(recipe, attention(recipe, runs))
+    return train_from_parent("sft", recipe, runs, make_trainer, overwrite=overwrite,
                              summarize=lambda trainer: {**_summary(trainer), **prepare.figures},
                              eval_fraction=recipe.eval_fraction, prepare=prepare,
                              export=export_merged if recipe.lora is not None else None)

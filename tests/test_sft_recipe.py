@@ -64,6 +64,8 @@ def test_lora_sft_exports_a_merged_model_that_scores_like_the_adapter(runs, sft_
     ({"eval_fraction": 0.0}, "early_stopping_patience needs a held-out split"),
     ({"lr_vs_pretrain": 0}, "lr_vs_pretrain must be in (0, 1]"),
     ({"lora": {"r": 0}}, "lora: r must be >= 1"),
+    ({"trainer": {"padding_free": True, "packing": False}}, "trainer.padding_free without trainer.packing does not cut"),
+    ({"attn_implementation": "flash"}, "attn_implementation is 'flash'; expected one of auto"),
 ])
 def test_sft_recipe_mistakes_are_refused_before_training(runs, change, message):
     with pytest.raises(RecipeError, match=message.replace("[", r"\[").replace("(", r"\(").replace(")", r"\)")):
