@@ -5,11 +5,13 @@
     >>> describe_request([[1, 2, 3], [4, 5]], generate=False)
     'a log-likelihood request for 2 sequences (first: 3 tokens)'
 
-- ``hf``: lm-eval's ``HFLM`` on ``model/`` (fp32; the reference).
+- ``hf``: lm-eval's ``HFLM`` on ``model/`` (the reference).
 - ``vllm``: lm-eval's ``VLLM`` (an in-process engine) with the settings of
   :mod:`smolforge.generation.inprocess` (on CPU: fp32, eager mode, a 1 GiB KV cache, its engine
   in this process). Once an engine exists, HF cannot load SmolLM3 in the same process any more
-  (vLLM patches the class), so a parity check always scores ``hf`` first.
+  (vLLM patches the class), so a parity check always scores ``hf`` first; HF's model is released
+  before a vLLM engine or server starts, and on a GPU vLLM's share of the card is sized from the
+  memory free at that moment (:func:`gpu_share`), not vLLM's fixed 0.9.
 - ``endpoint``: lm-eval's ``local-completions`` client against an OpenAI-compatible server:
   ``endpoint:`` when the recipe gives one (e.g. a ``smolforge serve`` you started), else
   smolforge serves the run itself for the duration of the eval. Prompts go as token ids from
@@ -18,11 +20,15 @@
   :class:`~smolforge.generation.client.Client` (timeouts, retries with backoff) instead of
   lm-eval's own ``requests`` call; replies are checked: one that is not JSON, or has no
   ``choices``, is a ServiceError naming the endpoint and the request.
+
+Every backend scores in one dtype, :func:`scoring_dtype`: fp32 on CPU; on a GPU the checkpoint's
+own bf16/fp16 (what vLLM serves it in), else fp32.
 """
 from __future__ import annotations
 
 import copy
 import importlib.metadata
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -30,6 +36,74 @@ from typing import Any
 from smolforge.errors import RecipeError, ServiceError
 
 BACKENDS = ("hf", "vllm", "endpoint")
+GIB = 2**30
+VLLM_SHARE = 0.9            # vLLM's own default share of the card, the most we ask for
+VLLM_MARGIN = 1 * GIB       # left free for the new engine's CUDA context and allocator slack
+
+
+def scoring_dtype(model_dir: str | Path, device: str) -> str:
+    """The dtype every backend scores ``model_dir`` in on ``device`` (HF loads it, vLLM gets ``--dtype``).
+
+    fp32 on CPU (the reference; vLLM's CPU path runs fp32); on a GPU the checkpoint's declared
+    bf16/fp16, as vLLM serves it, else fp32.
+
+    >>> import json, tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp())
+    >>> _ = (folder / "config.json").write_text(json.dumps({"dtype": "bfloat16"}))
+    >>> scoring_dtype(folder, "cuda"), scoring_dtype(folder, "cpu")
+    ('bfloat16', 'float32')
+    """
+    from smolforge.generation.server import checkpoint_dtype
+
+    if not str(device).startswith("cuda"):
+        return "float32"
+    declared = checkpoint_dtype(model_dir)
+    return declared if declared in ("bfloat16", "float16") else "float32"
+
+
+def gpu_share(free: int, total: int, *, wanted: float = VLLM_SHARE, margin: int = VLLM_MARGIN,
+              needed: int = 0) -> float:
+    """vLLM's ``gpu_memory_utilization`` when ``free`` of ``total`` bytes are free on the card now.
+
+    vLLM refuses to start unless share × total is free at start-up, so the share is what is free
+    less ``margin``, rounded down to 0.01, and at most ``wanted``. ``needed``: bytes the engine must
+    hold at least (the weights); a ServiceError when the share leaves less.
+
+    >>> gpu_share(80 * GIB, 80 * GIB), gpu_share(30 * GIB, 80 * GIB)
+    (0.9, 0.36)
+    >>> gpu_share(2 * GIB, 80 * GIB, needed=6 * GIB)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.ServiceError: vLLM needs 6.0 GiB of GPU memory but only 2.0 of 80.0 GiB are free (1.0 GiB ...
+    """
+    share = min(wanted, math.floor((free - margin) / total * 100) / 100)
+    if share <= 0 or share * total < needed:
+        raise ServiceError(f"vLLM needs {needed / GIB:.1f} GiB of GPU memory but only {free / GIB:.1f} of "
+                           f"{total / GIB:.1f} GiB are free ({margin / GIB:.1f} GiB kept as margin); free the GPU "
+                           "(other processes) or score with backend hf")
+    return share
+
+
+def weights_bytes(model_dir: str | Path) -> int:
+    """The size of ``model_dir``'s weight files: what a vLLM engine holds at least."""
+    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
+
+
+def vllm_memory_share(model_dir: str | Path, device: str) -> float | None:
+    """The share of the GPU a vLLM engine or server may take now (None off CUDA: the CPU build ignores it).
+
+    Frees what this process no longer holds first (a scored HF model's reference cycles, torch's
+    cached blocks), then sizes the share from the memory free on the card (:func:`gpu_share`).
+    """
+    if not str(device).startswith("cuda"):
+        return None
+    import torch
+
+    from smolforge.step_batch import release_memory
+
+    release_memory()
+    free, total = torch.cuda.mem_get_info()
+    return gpu_share(free, total, needed=weights_bytes(model_dir))
 
 
 def describe_request(messages: Any, *, generate: bool) -> str:
@@ -106,13 +180,39 @@ def _lm_eval_vllm_class():
     return module.VLLM
 
 
+def vllm_engine_args(model_dir: str | Path, *, max_length: int | None, rope_scaling: dict | None, dtype: str,
+                     gpu_memory_utilization: float | None, cpu: bool | None = None) -> dict:
+    """lm-eval ``VLLM``'s arguments: this machine's engine settings (:mod:`smolforge.generation.inprocess`),
+    scoring in ``dtype`` (what HF loads), RoPE stretched as HF's is, ``gpu_memory_utilization`` on a GPU.
+
+    >>> import json, tempfile, pathlib
+    >>> folder = pathlib.Path(tempfile.mkdtemp()); _ = (folder / "config.json").write_text("{}")
+    >>> args = vllm_engine_args(folder, max_length=256, rope_scaling=None, dtype="bfloat16",
+    ...                         gpu_memory_utilization=0.36, cpu=False)
+    >>> args["dtype"], args["gpu_memory_utilization"], "hf_overrides" in args
+    ('bfloat16', 0.36, False)
+    """
+    from smolforge.generation.inprocess import engine_kwargs
+
+    from .long_context import rope_overrides
+
+    engine = engine_kwargs(cpu=cpu, **({"gpu_memory_utilization": gpu_memory_utilization}
+                                       if gpu_memory_utilization is not None else {}))
+    overrides = rope_overrides(model_dir, rope_scaling or {})
+    return {"pretrained": str(model_dir), "batch_size": "auto", "max_model_len": max_length, "seed": 0,
+            **({"hf_overrides": overrides} if overrides else {}), **engine, "dtype": dtype}
+
+
 def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device: str = "cpu",
             endpoint: str | None = None, served_name: str | None = None, max_length: int | None = None,
-            model: Any = None, rope_scaling: dict | None = None):
+            model: Any = None, rope_scaling: dict | None = None, dtype: str = "float32",
+            gpu_memory_utilization: float | None = None):
     """An lm-eval LM for ``backend`` (``endpoint`` needs the server's base URL ending in /v1).
 
     ``model``: an already loaded HF model to score (``hf`` only; e.g. one with stretched RoPE);
-    ``rope_scaling``: the in-process vLLM engine gets the same stretch through ``hf_overrides``.
+    ``rope_scaling``: the in-process vLLM engine gets the same stretch through ``hf_overrides``;
+    ``dtype``: what ``hf`` loads and the in-process engine runs in (:func:`scoring_dtype`);
+    ``gpu_memory_utilization``: the engine's share of the GPU (:func:`vllm_memory_share`).
     """
     if backend == "hf":
         from lm_eval.models.huggingface import HFLM
@@ -122,17 +222,14 @@ def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device
 
             return HFLM(pretrained=model, tokenizer=AutoTokenizer.from_pretrained(model_dir), batch_size=batch_size,
                         max_length=max_length)
-        return HFLM(pretrained=str(model_dir), batch_size=batch_size, device=device, dtype="float32")
+        return HFLM(pretrained=str(model_dir), batch_size=batch_size, device=device, dtype=dtype)
     if backend == "vllm":
-        from smolforge.generation.inprocess import engine_kwargs, prepare_process
-
-        from .long_context import rope_overrides
+        from smolforge.generation.inprocess import prepare_process
 
         prepare_process()
         VLLM = _lm_eval_vllm_class()
-        overrides = rope_overrides(model_dir, rope_scaling or {})
-        return VLLM(pretrained=str(model_dir), batch_size="auto", max_model_len=max_length, seed=0,
-                    **({"hf_overrides": overrides} if overrides else {}), **engine_kwargs())
+        return VLLM(**vllm_engine_args(model_dir, max_length=max_length, rope_scaling=rope_scaling, dtype=dtype,
+                                       gpu_memory_utilization=gpu_memory_utilization))
     if backend == "endpoint":
         if not endpoint:
             raise RecipeError("backend endpoint needs the server's base URL (endpoint: http://127.0.0.1:PORT/v1)")

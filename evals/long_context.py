@@ -51,14 +51,16 @@ def rope_overrides(model_dir: str | Path, rope_scaling: dict[str, Any]) -> dict[
     return {"rope_parameters": params, "max_position_embeddings": int(params["original_max_position_embeddings"] * factor)}
 
 
-def load_model(model_dir: str | Path, rope_scaling: dict[str, Any] | None = None, device: str = "cpu"):
-    """``model_dir``'s causal LM in fp32, its RoPE stretched by ``rope_scaling`` when given."""
+def load_model(model_dir: str | Path, rope_scaling: dict[str, Any] | None = None, device: str = "cpu",
+               dtype: str = "float32"):
+    """``model_dir``'s causal LM in ``dtype`` (the eval's :func:`~smolforge.evals.backends.scoring_dtype`),
+    its RoPE stretched by ``rope_scaling`` when given."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(model_dir)
     for key, value in rope_overrides(model_dir, rope_scaling or {}).items():
         setattr(config, key, value)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype="float32", use_safetensors=True)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, config=config, dtype=dtype, use_safetensors=True)
     return model.to(device).eval()
 
 

@@ -8,7 +8,8 @@
     >>> report["agree"], report["tasks"]["t"]["documents_differing"]
     (True, 0)
 
-Tolerances (fp32 on both sides):
+Both sides score in the same dtype (:func:`smolforge.evals.backends.scoring_dtype`) and the
+tolerances follow it (:func:`tolerance`); the report records ``dtype`` and ``tolerance``. In fp32:
 
 - *Documents*: generated text must be identical (greedy decoding of the same weights in fp32
   picks the same token unless two logits tie within rounding); log-likelihoods may differ by
@@ -20,7 +21,14 @@ Tolerances (fp32 on both sides):
   metrics (e.g. a log-prob margin) may differ by ``METRIC_RTOL`` = 1e-4 relative (1e-4 absolute
   near zero).
 
-bf16 on a GPU needs wider tolerances (≈1e-2 per token); pass them explicitly.
+In bf16 and fp16 (a GPU scoring a bf16/fp16 checkpoint as it is served) every layer rounds its output
+to 8 (bf16) or 11 (fp16) bits of mantissa and the two backends' kernels round in different places:
+per-token log-prob differences of ≈1e-2 (bf16) are normal, so a sequence may differ by 0.25 (bf16)
+or 0.05 (fp16) and continuous metrics by 2e-2 (bf16) or 5e-3 (fp16) relative. Counts of correct
+documents must still be identical: a flipped document is reported (near-ties can flip in bf16).
+
+    >>> tolerance("float32")["loglik_atol"] < tolerance("float16")["loglik_atol"] < tolerance("bfloat16")["loglik_atol"]
+    True
 """
 from __future__ import annotations
 
@@ -29,6 +37,8 @@ from typing import Any
 
 LOGLIK_ATOL = 1e-3
 METRIC_RTOL = 1e-4
+# (loglik_atol per sequence, metric_rtol) by the dtype both sides score in (module docstring)
+TOLERANCES = {"float32": (LOGLIK_ATOL, METRIC_RTOL), "float16": (5e-2, 5e-3), "bfloat16": (2.5e-1, 2e-2)}
 _COUNT_METRICS = ("acc", "acc_norm", "exact_match", "em", "f1_exact")
 
 
@@ -68,8 +78,33 @@ def largest_loglik_gap(a: Any, b: Any) -> float:
     return 0.0
 
 
-def compare(first: dict, second: dict, *, loglik_atol: float = LOGLIK_ATOL, metric_rtol: float = METRIC_RTOL) -> dict:
-    """Per-task metric differences and differing documents of two scorings (``{backend, scores, samples}``)."""
+def tolerance(dtype: str | None) -> dict:
+    """How far two scorings in ``dtype`` may differ (an unknown dtype, e.g. an endpoint's: fp32's).
+
+    >>> tolerance("bfloat16")
+    {'loglik_atol': 0.25, 'metric_rtol': 0.02, 'count_metrics': 'identical'}
+    """
+    loglik_atol, metric_rtol = TOLERANCES.get(dtype or "float32", TOLERANCES["float32"])
+    return {"loglik_atol": loglik_atol, "metric_rtol": metric_rtol, "count_metrics": "identical"}
+
+
+def common_dtype(*dtypes: str | None) -> str | None:
+    """The least precise of the dtypes two scorings ran in (None: unknown, e.g. an external endpoint's).
+
+    >>> common_dtype("float32", "bfloat16"), common_dtype("float32", None), common_dtype(None, None)
+    ('bfloat16', 'float32', None)
+    """
+    known = [d for d in dtypes if d is not None]
+    return max(known, key=lambda d: TOLERANCES.get(d, TOLERANCES["float32"])[0]) if known else None
+
+
+def compare(first: dict, second: dict, *, loglik_atol: float | None = None, metric_rtol: float | None = None) -> dict:
+    """Per-task metric differences and differing documents of two scorings (``{backend, scores, samples}``
+    and ``dtype`` where known); tolerances follow the dtype (:func:`tolerance`) unless given."""
+    dtype = common_dtype(first.get("dtype"), second.get("dtype"))
+    limits = tolerance(dtype)
+    loglik_atol = limits["loglik_atol"] if loglik_atol is None else loglik_atol
+    metric_rtol = limits["metric_rtol"] if metric_rtol is None else metric_rtol
     docs_a = {(s["task"], s["doc_id"]): s for s in first["samples"]}
     docs_b = {(s["task"], s["doc_id"]): s for s in second["samples"]}
     tasks: dict[str, dict] = {}
@@ -96,8 +131,8 @@ def compare(first: dict, second: dict, *, loglik_atol: float = LOGLIK_ATOL, metr
                        "differing_doc_ids": differing[:20], "max_loglik_diff": gap,
                        "ok": all(m["ok"] for m in metrics.values()) and not differing}
     return {"first": first["backend"], "second": second["backend"], "agree": all(t["ok"] for t in tasks.values()),
-            "tolerances": {"loglik_atol": loglik_atol, "metric_rtol": metric_rtol,
-                           "count_metrics": "identical"}, "tasks": tasks}
+            "dtype": dtype, "tolerance": {**limits, "loglik_atol": loglik_atol, "metric_rtol": metric_rtol},
+            "tasks": tasks}
 
 
 def parity_rows(report: dict) -> list[list[str]]:

@@ -182,16 +182,18 @@ def _task_manager(factory):
 def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None = None,
              batch_size: int = 32, device: str = "cpu", *, backend: str = "hf", endpoint: str | None = None,
              served_name: str | None = None, num_fewshot: int | None = None, modes: list | None = None,
-             rope_scaling: dict | None = None, max_gen_toks: int | None = None) -> tuple[dict, list[dict]]:
+             rope_scaling: dict | None = None, max_gen_toks: int | None = None,
+             dtype: str = "float32") -> tuple[dict, list[dict]]:
     """Scores ``{task: {metric: value, metric_stderr: value}}`` and per-document samples.
 
     Chat tasks are scored once per entry of ``modes`` (system prompt ``/think`` or ``/no_think``;
     keys from :func:`mode_key`); position-perplexity tasks by HF on this machine, whatever the backend.
+    ``dtype``: what every backend scores in (:func:`~smolforge.evals.backends.scoring_dtype`).
     """
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from .backends import make_lm
+    from .backends import make_lm, vllm_memory_share
     from .long_context import load_model, score_task
 
     modes = list(modes or [])
@@ -202,16 +204,19 @@ def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None =
     if own or (backend == "hf" and rope_scaling):  # before any vLLM engine exists in this process
         from transformers import AutoTokenizer
 
-        model = load_model(model_dir, rope_scaling, device=device)
+        model = load_model(model_dir, rope_scaling, device=device, dtype=dtype)
         tokenizer = AutoTokenizer.from_pretrained(model_dir)
         for task in own:
             scores[task] = score_task(model, tokenizer, suite.tasks[task].config, limit=limit)
     lm_tasks = [t for t in task_names if suite.tasks[t].kind == "lm_eval"]
     if not lm_tasks:
         return scores, samples
+    if backend != "hf":
+        model = None   # released before a vLLM engine sizes its share of the GPU from what is free
     lm = make_lm(backend, model_dir, batch_size=batch_size, device=device, endpoint=endpoint,
                  served_name=served_name, max_length=_max_length(model_dir, rope_scaling),
-                 model=model if backend == "hf" else None, rope_scaling=rope_scaling)   # HF: the model loaded above
+                 model=model, rope_scaling=rope_scaling, dtype=dtype,   # HF: the model loaded above
+                 gpu_memory_utilization=vllm_memory_share(model_dir, device) if backend == "vllm" else None)
     manager = _task_manager(TaskManager)
     rounds = [(False, None)] + [(True, mode) for mode in (modes or [None])]
     for chat, mode in rounds:
@@ -310,35 +315,53 @@ def _chat_template_hash(model_dir) -> str | None:
 
 
 def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], backend: str) -> dict:
-    """One scoring of the suite on ``backend``: ``{backend, endpoint, scores, samples, seconds}``.
+    """One scoring of the suite on ``backend``: ``{backend, endpoint, dtype, scores, samples, seconds}``.
 
-    ``endpoint`` without a recipe URL serves the run itself (a vLLM server for the duration).
+    ``endpoint`` without a recipe URL serves the run itself (a vLLM server for the duration);
+    ``dtype`` is what the scoring ran in (None: an endpoint of the recipe's, served as its owner chose).
     """
-    from smolforge.generation.server import VLLMServer
+    from .backends import scoring_dtype
 
     started = time.perf_counter()
     device = _device(recipe.device)
+    dtype = scoring_dtype(target.model_dir, device)
     common = dict(limit=recipe.limit, batch_size=recipe.batch_size, device=device, backend=backend,
                   num_fewshot=recipe.num_fewshot, modes=recipe.modes, rope_scaling=recipe.rope_scaling,
-                  max_gen_toks=recipe.max_gen_toks)
+                  max_gen_toks=recipe.max_gen_toks, dtype=dtype)
     served_name = recipe.served_name or target.name
     endpoint = recipe.endpoint
     if backend == "endpoint" and not endpoint:
-        target.eval_dir.mkdir(exist_ok=True)
-        with VLLMServer(target.model_dir, served_name=served_name,
-                        max_model_len=_max_length(target.model_dir, recipe.rope_scaling),
-                        log_path=target.eval_dir / "vllm-server.log",
-                        extra_args=hf_overrides_args(target.model_dir, recipe.rope_scaling)) as server:
-            log.info("eval: serving %s at %s (ready in %.1f s)", target.name, server.url, server.ready_s)
-            scores, samples = evaluate(target.model_dir, suite, task_names, endpoint=server.url + "/v1",
-                                       served_name=served_name, **common)
+        own = [t for t in task_names if suite.tasks[t].kind != "lm_eval"]   # HF's, before the server takes the GPU
+        scores, samples = evaluate(target.model_dir, suite, own, served_name=served_name, **common)
+        if rest := [t for t in task_names if t not in own]:
+            with eval_server(target, device, served_name=served_name, rope_scaling=recipe.rope_scaling) as server:
+                log.info("eval: serving %s at %s (ready in %.1f s)", target.name, server.url, server.ready_s)
+                served = evaluate(target.model_dir, suite, rest, endpoint=server.url + "/v1",
+                                  served_name=served_name, **common)
+            scores, samples = {**scores, **served[0]}, samples + served[1]
         where = "self-served (smolforge serve)"
     else:
         scores, samples = evaluate(target.model_dir, suite, task_names, endpoint=endpoint,
                                    served_name=served_name, **common)
         where = endpoint if backend == "endpoint" else None
-    return {"backend": backend, "endpoint": where, "scores": scores, "samples": samples,
-            "seconds": round(time.perf_counter() - started, 1)}
+    external = backend == "endpoint" and bool(endpoint)   # served in whatever dtype its owner chose
+    return {"backend": backend, "endpoint": where, "dtype": None if external else dtype, "scores": scores,
+            "samples": samples, "seconds": round(time.perf_counter() - started, 1)}
+
+
+def eval_server(target: Run, device: str, *, served_name: str, rope_scaling: dict | None = None):
+    """The vLLM server that scores ``target`` (not started): the HF side's dtype, the share of the GPU
+    free now (:func:`~smolforge.evals.backends.vllm_memory_share`), RoPE stretched by ``rope_scaling``."""
+    from smolforge.generation.server import VLLMServer
+
+    from .backends import scoring_dtype, vllm_memory_share
+
+    target.eval_dir.mkdir(exist_ok=True)
+    return VLLMServer(target.model_dir, served_name=served_name,
+                      max_model_len=_max_length(target.model_dir, rope_scaling),
+                      log_path=target.eval_dir / "vllm-server.log", dtype=scoring_dtype(target.model_dir, device),
+                      gpu_memory_utilization=vllm_memory_share(target.model_dir, device),
+                      extra_args=hf_overrides_args(target.model_dir, rope_scaling))
 
 
 def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, scored: dict) -> None:
@@ -346,7 +369,7 @@ def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, sco
     result = {"suite": suite.name, "suite_path": str(suite.path), "run": target.name, "seconds": scored["seconds"],
               "limit": recipe.limit, "backend": scored["backend"], "endpoint": scored["endpoint"],
               "settings": {"chat_template": _chat_template_hash(target.model_dir), "num_fewshot": recipe.num_fewshot,
-                           "fewshot_as_multiturn": False, "greedy": True, "dtype": "float32",
+                           "fewshot_as_multiturn": False, "greedy": True, "dtype": scored["dtype"],
                            "modes": recipe.modes, "rope_scaling": recipe.rope_scaling or None,
                            "max_gen_toks": recipe.max_gen_toks},
               "tasks": {key: {"scores": scores.get(key, {}), "primary": suite.tasks[t].primary,
@@ -392,7 +415,6 @@ def _print_scores(target: Run, suite: Suite, task_names: list[str], scored: dict
 
 def _run_redteam(recipe: Recipe, target: Run) -> Run:
     from smolforge.generation.chat import EndpointGenerator
-    from smolforge.generation.server import VLLMServer
 
     from .redteam import evaluate_run, format_table
 
@@ -404,8 +426,7 @@ def _run_redteam(recipe: Recipe, target: Run) -> Run:
                                                                                 max_tokens=recipe.max_new_tokens),
                               **options)
     elif recipe.backend in ("endpoint", "vllm"):
-        with VLLMServer(target.model_dir, served_name=served_name, max_model_len=_max_length(target.model_dir),
-                        log_path=target.eval_dir / "vllm-server.log") as server:
+        with eval_server(target, options["device"], served_name=served_name) as server:
             result = evaluate_run(target, recipe.suite, generate=EndpointGenerator(
                 server.url + "/v1", served_name, max_tokens=recipe.max_new_tokens), **options)
     else:
@@ -428,6 +449,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     order = [recipe.backend] + ([recipe.parity] if recipe.parity else [])
     if "hf" in order:  # HF first: an in-process vLLM engine would stop HF from loading SmolLM3 afterwards
         order.sort(key=lambda b: b != "hf")
+    # each vLLM engine or server frees what HF left and sizes itself from the GPU memory free as it starts
     scored = {backend: score(recipe, target, suite, task_names, backend) for backend in order}
     main = scored[recipe.backend]
     _write(target, suite, task_names, recipe, main)

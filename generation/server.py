@@ -6,6 +6,8 @@
     (['-m', 'smolforge.generation.server'], ['-m', 'vllm.entrypoints.openai.api_server'])
     >>> VLLMServer("m", port=8000, gpu_memory_utilization=0.3).command(cpu=False)[-2:]
     ['--gpu-memory-utilization', '0.3']
+    >>> VLLMServer("m", port=8000, dtype="bfloat16").command(cpu=False)[-2:]   # what the HF side scores in
+    ['--dtype', 'bfloat16']
     >>> server_env({}, cpu=True)["TORCH_COMPILE_DISABLE"], server_env({"TORCH_COMPILE_DISABLE": "0"}, cpu=True)["TORCH_COMPILE_DISABLE"]
     ('1', '0')
     >>> "TORCH_COMPILE_DISABLE" in server_env({}, cpu=False)
@@ -126,7 +128,7 @@ class VLLMServer:
                  port: int | None = None, max_model_len: int | None = None, dev_mode: bool = False,
                  log_path: str | Path | None = None, ready_timeout: float = 300.0,
                  gpu_memory_utilization: float | None = None, api_key: str | None = None,
-                 extra_args: list[str] | tuple[str, ...] = ()) -> None:
+                 extra_args: list[str] | tuple[str, ...] = (), dtype: str | None = None) -> None:
         self.model_dir = Path(model_dir)
         self.served_name = served_name
         self.host = host
@@ -135,6 +137,7 @@ class VLLMServer:
         self.max_model_len = max_model_len
         self.dev_mode = dev_mode
         self.gpu_memory_utilization = gpu_memory_utilization   # GPU only: vLLM's share of the card
+        self.dtype = dtype           # None: fp32 on CPU, the checkpoint's own dtype on a GPU
         self.log_path = Path(log_path) if log_path else Path(tempfile.mkstemp(prefix="vllm-", suffix=".log")[1])
         self.ready_timeout = ready_timeout
         self.extra_args = list(extra_args)
@@ -153,11 +156,11 @@ class VLLMServer:
         cmd = [sys.executable, "-m", CPU_LAUNCHER if cpu else VLLM_MODULE, "--model", str(self.model_dir),
                "--served-model-name", self.served_name, "--host", self.host, "--port", str(self.port)]
         if cpu:
-            cmd += ["--dtype", "float32", "--enforce-eager"]
+            cmd += ["--dtype", self.dtype or "float32", "--enforce-eager"]
         else:
             # vLLM's "auto" serves an fp32 checkpoint in fp16; serve what the run trained (HF parity,
             # rollout log-probs). `-- --dtype bfloat16` after a serve command still overrides it.
-            cmd += ["--dtype", checkpoint_dtype(self.model_dir)]
+            cmd += ["--dtype", self.dtype or checkpoint_dtype(self.model_dir)]
             if self.gpu_memory_utilization is not None:
                 cmd += ["--gpu-memory-utilization", f"{self.gpu_memory_utilization:g}"]
         if self.max_model_len:

@@ -50,6 +50,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from smolforge.devices import local_device_index
 from smolforge.errors import RecipeError
 
 if TYPE_CHECKING:
@@ -348,17 +349,27 @@ def run_rank(options: Options) -> dict:
     return {"rank": rank, **summarize(everyone, options, backend=backend)}
 
 
-def compute_device(choice: str, local_rank: int) -> torch.device:
-    """``cuda:LOCAL_RANK`` (auto with a GPU, or cuda) or the CPU; a RecipeError when the GPU is missing."""
+def compute_device(choice: str, local_rank: int, device_count: int | None = None) -> torch.device:
+    """This rank's GPU (auto with a GPU, or cuda) or the CPU; a RecipeError when the GPU is missing.
+
+    ``device_count``: the CUDA devices this process sees (default: torch's count). Several visible
+    devices: ``cuda:LOCAL_RANK``, and a local rank past them is refused (two ranks sharing a card
+    would halve both figures). One visible device is a one-GPU-per-task binding (Slurm, containers):
+    ``cuda:0`` whatever the local rank (:func:`smolforge.devices.local_device_index`).
+
+    >>> compute_device("cuda", 3, device_count=8), compute_device("cuda", 3, device_count=1)
+    (device(type='cuda', index=3), device(type='cuda', index=0))
+    """
     import torch
 
-    if choice == "cpu" or (choice == "auto" and not torch.cuda.is_available()):
+    if device_count is None:
+        device_count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if choice == "cpu" or (choice == "auto" and device_count == 0):
         return torch.device("cpu")
-    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if local_rank >= count:
-        raise RecipeError(f"smolforge burnin: local rank {local_rank} has no GPU ({count} visible); "
+    if device_count == 0 or (device_count > 1 and local_rank >= device_count):
+        raise RecipeError(f"smolforge burnin: local rank {local_rank} has no GPU ({device_count} visible); "
                           "start at most one rank per GPU, or --device cpu")
-    return torch.device("cuda", local_rank)
+    return torch.device("cuda", local_device_index(local_rank, device_count))
 
 
 @contextlib.contextmanager

@@ -76,7 +76,11 @@ def checkpoints(root: Path) -> list[Path]:
 
 
 def newest_valid(root: Path) -> Path | None:
-    """The newest checkpoint that passes :func:`verify`; corrupt ones are logged and skipped."""
+    """The newest checkpoint that passes :func:`verify`; corrupt ones are logged and skipped.
+
+    It reads every byte of the checkpoints it tries (tens of GB at 3B scale): call it on one rank
+    and share the answer (:func:`smolforge.pretrain.stage.resume_point`).
+    """
     for folder in checkpoints(root):
         problem = verify(folder)
         if problem is None:

@@ -14,6 +14,9 @@ import contextlib
 import os
 import sys
 
+from smolforge.devices import local_device
+
+
 @contextlib.contextmanager
 def distributed():
     """DeepSpeed's process group for this stage; single-process defaults when no launcher set them.
@@ -33,8 +36,9 @@ def distributed():
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                           MASTER_PORT=str(port))
     if torch.cuda.is_available():
-        # Before the group starts: NCCL binds each rank to the current device, which must be its own.
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # Before the group starts: NCCL binds each rank to the current device, which must be its own
+        # (cuda:0 where the site binds one GPU per task, smolforge.devices).
+        torch.cuda.set_device(local_device())
     else:
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
     import deepspeed
@@ -107,6 +111,17 @@ def barrier() -> None:
 
     if dist.is_initialized() and dist.get_world_size() > 1:
         dist.barrier()
+
+
+def process_rank() -> int:
+    """This process's rank in the default process group (0 when there is none).
+
+    >>> process_rank()
+    0
+    """
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
 def broadcast(value):

@@ -7,9 +7,13 @@
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
+from smolforge.attention import FLASH_PACKAGES, resolve_attention
 from smolforge.recipe import FRACTION
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -93,3 +97,44 @@ def count_parameters(shape: ModelShape, vocab_size: int) -> int:
     with torch.device("meta"):
         model = SmolLM3ForCausalLM(model_config(shape, vocab_size))
     return sum(p.numel() for p in model.parameters())
+
+
+def use_attention(model, requested: str, *, half_precision: bool,
+                  field: str = "train.attn_implementation") -> str:
+    """Switch ``model`` to the attention implementation ``requested`` resolves to for packed rows on
+    this machine (:func:`smolforge.attention.resolve_attention`); returns the one the model now runs.
+
+    >>> model = build_model(ModelShape(hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1), 300)
+    >>> use_attention(model, "eager", half_precision=False), model.config._attn_implementation
+    ('eager', 'eager')
+    """
+    dropout = float(getattr(model.config, "attention_dropout", 0.0) or 0.0)
+    chosen = resolve_attention(requested, packed=True, half_precision=half_precision, dropout=dropout, field=field)
+    if requested == "auto":
+        log.info("%s: auto → %s", field, chosen)
+    model.set_attn_implementation(chosen)
+    return model.config._attn_implementation  # what runs (a model class that cannot switch keeps its own)
+
+
+def varlen_kwargs(position_ids, implementation: str) -> dict:
+    """Flash attention's varlen arguments for a batch of packed rows; ``{}`` for other implementations.
+
+    transformers derives ``cu_seqlens`` from ``position_ids`` by itself only for a batch of ONE row;
+    with several rows flash attention would treat each row as one sequence, its documents attending
+    to each other. Every packed row starts a document at position 0, so the batch read as one long
+    row holds the same documents: transformers' own ``prepare_fa_kwargs_from_position_ids`` gives
+    their boundaries (computed once per batch, on the host, as TRL's padding-free collator does).
+
+    >>> import torch
+    >>> kwargs = varlen_kwargs(torch.tensor([[0, 1, 2, 0, 1], [0, 1, 0, 1, 2]]), "flash_attention_2")
+    >>> kwargs["cu_seq_lens_q"].tolist(), kwargs["max_length_q"]
+    ([0, 3, 5, 7, 10], 3)
+    >>> varlen_kwargs(torch.tensor([[0, 1, 0]]), "sdpa")
+    {}
+    """
+    if implementation not in FLASH_PACKAGES:
+        return {}
+    from transformers.modeling_flash_attention_utils import prepare_fa_kwargs_from_position_ids
+
+    (cu_q, cu_k), (max_q, max_k) = prepare_fa_kwargs_from_position_ids(position_ids)
+    return {"cu_seq_lens_q": cu_q, "cu_seq_lens_k": cu_k, "max_length_q": int(max_q), "max_length_k": int(max_k)}

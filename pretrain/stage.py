@@ -33,6 +33,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from smolforge.attention import resolve_attention
 from smolforge.errors import Preempted, RecipeError, RunError
 from smolforge.model_folder import check_model_folder
 from smolforge.profiling import ProfileSpec, StepProfiler, check_profile
@@ -41,7 +42,7 @@ from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
 
 from . import checkpoint as ckpt
-from .distributed import barrier, broadcast, distributed, ds_config, mean_across_ranks
+from .distributed import barrier, broadcast, distributed, ds_config, mean_across_ranks, process_rank
 from .mixture import MixtureSampler, Phase, validate_phases
 from .model import ModelShape
 from .schedule import SCHEDULES
@@ -70,6 +71,7 @@ class TrainSpec:
     offload_optimizer: bool = False   # keep optimizer states in CPU memory (ZeRO-Offload)
     precision: str = "fp32"           # fp32 | bf16 (bf16 was slower than fp32 on CPU at tiny sizes)
     activation_checkpointing: bool = False  # recompute activations in backward (~30 % memory for ~10 % compute)
+    attn_implementation: str = "auto"  # auto | sdpa | flex_attention | flash_attention_2 | flash_attention_3 | eager (docs/pretraining.md)
     seed: int = 0                     # model init, data order, per-step RNG
     log_every: int = 10               # steps between metrics.jsonl lines
 
@@ -181,6 +183,8 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         if not ok:
             raise RecipeError(message)
     check_profile(recipe.profile, t.max_steps)
+    resolve_attention(t.attn_implementation, packed=True, half_precision=t.precision == "bf16",
+                      dropout=0.0 if recipe.init else m.dropout, field="train.attn_implementation")
     domains = _domains_in(data_run)
     problems = validate_phases(phases_of(recipe, {d: 1 for d in domains}), domains)
     if problems:
@@ -228,7 +232,29 @@ def continued_model(parent_dir: Path, context: ContextSpec):
 
 
 def resume_point(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
-    """The checkpoint to resume from, or None to start fresh (same answer on every rank)."""
+    """The checkpoint to resume from, or None to start fresh: one answer (or one refusal) for every rank.
+
+    Finding it hashes every file of the newest checkpoints (:func:`.checkpoint.newest_valid`: tens of
+    GB at 3B scale), so rank 0 alone decides and the other ranks, on every node, receive its answer:
+    call it on every rank once the process group exists (without one it decides in place). Rank 0
+    reads run.json before any rank writes it (``runs.start`` follows on rank 0 only).
+    """
+    decided, failure = None, None
+    if process_rank() == 0:
+        try:
+            decided = _decide_resume(recipe, runs, overwrite)
+        except Exception as exc:  # noqa: BLE001 - every rank leaves the broadcast first, then fails alike
+            failure = exc
+    found, why = broadcast((decided, None if failure is None else str(failure)))
+    if failure is not None:
+        raise failure
+    if why is not None:
+        raise RunError(why)
+    return found
+
+
+def _decide_resume(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
+    """:func:`resume_point` as rank 0 works it out (hashing the checkpoints it tries)."""
     path = runs.root / recipe.name
     if overwrite or not (path / "run.json").is_file():
         return None
@@ -264,8 +290,8 @@ def load_data(recipe: Recipe, runs: Runs) -> tuple[Run, object, dict]:
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     data_run, tokenizer, domains = load_data(recipe, runs)
-    resume_from = resume_point(recipe, runs, overwrite)
     with distributed() as (deepspeed, rank, world), contextlib.ExitStack() as stack:
+        resume_from = resume_point(recipe, runs, overwrite)   # rank 0 verifies, every rank gets its answer
         if rank == 0:
             parents = [data_run] + ([runs.get(recipe.init)] if recipe.init else [])
             run = stack.enter_context(runs.start(
@@ -301,7 +327,7 @@ class Loop:
         import torch
 
         from .flops import flops_per_token, peak_flops
-        from .model import build_model
+        from .model import build_model, use_attention
         from .monitor import ThroughputMonitor, device_memory_gb
         from .schedule import lr_multiplier
 
@@ -314,6 +340,7 @@ class Loop:
             model = build_model(recipe.model, len(tokenizer), seed=t.seed, pad_token_id=tokenizer.pad_token_id,
                                 eos_token_id=tokenizer.eos_token_id)
         self.shape = ModelShape.of(model.config)
+        self.attention = use_attention(model, t.attn_implementation, half_precision=t.precision == "bf16")
         model.generation_config.pad_token_id = tokenizer.pad_token_id
         model.generation_config.eos_token_id = tokenizer.eos_token_id
         if t.activation_checkpointing:
@@ -352,7 +379,8 @@ class Loop:
             self.tracker = Tracker(run.path, run.name, to_dict(recipe), recipe.tracking.report_to,
                                    recipe.tracking.prometheus_port)
             device_gb = device_memory_gb()
-            run.update_metrics({"train/device_memory_gb": device_gb})  # `smolforge doctor`, even on failure
+            run.update_metrics({"train/device_memory_gb": device_gb,  # `smolforge doctor`, even on failure
+                                "train/attn_implementation": self.attention})
             self.tracker.log(0, {"device_memory_gb": device_gb})   # the memory alert's denominator
         self.spikes_in_a_row = 0
         self.grad_norm: float | None = None
@@ -414,13 +442,15 @@ class Loop:
         import torch
 
         from .batches import micro_batches
+        from .model import varlen_kwargs
 
         t = self.t
         picks = self.sampler.next_batch(step)
         losses, spiked, spike_reason = [], 0, None
         batches = micro_batches(self.domains, picks, t.micro_batch_size, t.grad_accum, self.rank, self.world)
         for micro in self.monitor.timed(batches):  # the wait for each batch: data_s / data_share
-            batch = {k: v.to(self.engine.device) for k, v in micro.items()}
+            extra = varlen_kwargs(micro["position_ids"], self.attention)  # flash attention's document bounds
+            batch = {k: v.to(self.engine.device) if hasattr(v, "to") else v for k, v in {**micro, **extra}.items()}
             loss = self.engine(**batch, use_cache=False).loss
             value = mean_across_ranks(loss.item())
             reason = self.guard.check(loss=value) if self.recipe.spike.action != "off" else None

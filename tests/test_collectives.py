@@ -6,6 +6,7 @@ collectives for real in a one-rank group that reports two ranks (so no call shor
 """
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -65,17 +66,20 @@ def test_collectives_use_the_local_cuda_device_under_nccl(monkeypatch):
     assert calls[1] == ("broadcast_object_list", torch.device("cuda", 1))
 
 
-def test_the_cuda_device_is_set_from_local_rank_before_the_group_starts(monkeypatch):
+@pytest.mark.parametrize("local_rank, visible, bound", [(1, 2, 1),   # every GPU of the node visible: cuda:LOCAL_RANK
+                                                        (3, 1, 0)])  # one GPU per task (srun): cuda:0
+def test_the_cuda_device_is_set_from_local_rank_before_the_group_starts(monkeypatch, local_rank, visible, bound):
     import deepspeed
 
     order = []
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "4")
-    monkeypatch.setenv("LOCAL_RANK", "1")
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: visible)
     monkeypatch.setattr(torch.cuda, "set_device", lambda index: order.append(("set_device", index)))
     monkeypatch.setattr(deepspeed, "init_distributed",
                         lambda dist_backend: order.append(("init_distributed", dist_backend)))
     with ranks.distributed() as (_, rank, world):
         assert (rank, world) == (3, 4)
-    assert order == [("set_device", 1), ("init_distributed", "nccl")]
+    assert order == [("set_device", torch.device("cuda", bound)), ("init_distributed", "nccl")]
