@@ -20,13 +20,14 @@ process group (with DeepSpeed's when accelerate was told to use it), then
     >>> folder = pathlib.Path(tempfile.mkdtemp())
     >>> for step, done in ((50, True), (100, True), (150, False)):  # 150: killed while saving
     ...     (folder / f"checkpoint-{step}").mkdir()
-    ...     _ = (folder / f"checkpoint-{step}" / "trainer_state.json").write_text("{}") if done else None
+    ...     _ = (folder / f"checkpoint-{step}" / "trainer_state.json").write_text("{}" if done else '{"glo')
     >>> newest_checkpoint(folder).name
     'checkpoint-100'
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import re
 from collections.abc import Iterator
@@ -48,13 +49,22 @@ def process_state():
 
 
 def newest_checkpoint(folder: Path) -> Path | None:
-    """The newest complete Trainer checkpoint (``checkpoint-N`` holding ``trainer_state.json``,
-    which the Trainer writes after the weights, optimizer and RNG states), or None."""
+    """The newest complete Trainer checkpoint (``checkpoint-N`` holding a whole ``trainer_state.json``,
+    which the Trainer writes last, after the weights, optimizer and RNG states, and not atomically: a
+    process killed while writing it leaves it empty or cut short), or None."""
     if not folder.is_dir():
         return None
     complete = [(int(m.group(1)), p) for p in folder.iterdir()
-                if (m := _CHECKPOINT.match(p.name)) and (p / "trainer_state.json").is_file()]
+                if (m := _CHECKPOINT.match(p.name)) and _whole_json(p / "trainer_state.json")]
     return max(complete)[1] if complete else None
+
+
+def _whole_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def resume_point(path: Path, overwrite: bool) -> Path | None:

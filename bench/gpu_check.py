@@ -62,9 +62,9 @@ SHAPES = {
                "max_position_embeddings": 4096},
 }
 # The embedded world, small: every part's data (conftest's TINY sizes, so the CPU run takes seconds).
-DATA_SETTINGS = ["world.entities=6", "world.pretrain_docs=300", "world.preference_pairs=48", "world.long_docs=0",
-                 "world.reasoning=false", "world.safety=false", "tokenizer.vocab_size=400", "pack.seq_len=64",
-                 "progress=false"]
+DATA = {"name": "data", "progress": False, "tokenizer": {"vocab_size": 400}, "pack": {"seq_len": 64},
+        "world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48, "long_docs": 0, "reasoning": False,
+                  "safety": False}}
 
 
 @dataclasses.dataclass
@@ -96,8 +96,14 @@ class Context:
 
     @property
     def ranks(self) -> int:
-        """Ranks of the multi-process parts: every GPU (at most 8), two gloo processes on the CPU."""
+        """Ranks of the collectives: every GPU (at most 8), two gloo processes on the CPU."""
         return 2 if self.cpu else max(1, min(self.gpus, 8))
+
+    @property
+    def training_ranks(self) -> int:
+        """Ranks of the training parts: every GPU (at most 8); one process on the CPU, as on a one-GPU node
+        (the suite's own tests train on two CPU ranks: tests/test_ranks.py, tests/test_pretrain_loop.py)."""
+        return 1 if self.cpu else self.ranks
 
     def env(self, **extra: str) -> dict:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
@@ -144,12 +150,23 @@ def expect(condition: bool, message: str) -> None:
 # ----------------------------------------------------------------------------------------- shared steps
 
 
+def stage_run(ctx: Context, stage: str, recipe_file: Path, changes: dict):
+    """Run ``stage`` from ``recipe_file`` with ``changes`` in this process (what ``smolforge STAGE --config``
+    does, the imports paid once): validated first, so a bad recipe fails before any run exists."""
+    from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe
+    from smolforge.registry import load_stage
+    from smolforge.runs import Runs
+
+    module = load_stage(stage)
+    recipe = build_stage_recipe(module, deep_merge(load_recipe(recipe_file)[1], changes), source=str(recipe_file))
+    module.validate(recipe, Runs(ctx.runs))
+    return module.run(recipe, Runs(ctx.runs))
+
+
 def prepare_data(ctx: Context) -> dict:
-    ctx.smolforge("data", "prepare", str(RECIPES / "data.yaml"), "--set", "name=data",
-                  *[x for s in DATA_SETTINGS for x in ("--set", s)])
-    info = ctx.run_json("data")
-    expect(info["status"] == "done", f"data run status {info['status']}")
-    return {"seconds": info.get("metrics", {}).get("data/seconds")}
+    run = stage_run(ctx, "data", RECIPES / "data.yaml", DATA)
+    expect(run.status == "done", f"data run status {run.status}")
+    return {"seconds": run.metrics.get("data/seconds")}
 
 
 def make_base(ctx: Context, name: str, shape: str, dtype: str) -> dict:
@@ -251,7 +268,7 @@ def part_pretrain(ctx: Context) -> dict:
                   train__warmup_steps=1, train__precision=ctx.precision(), train__zero_stage=1,
                   train__attn_implementation="auto", checkpoint__every_steps=0, mixture=[],
                   tracking__report_to=["none"])]
-    launch = [ctx.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ctx.ranks),
+    launch = [ctx.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ctx.training_ranks),
               "-m", "smolforge", "--runs-dir", str(ctx.runs), *args]
     stop_file = ctx.work / "stop-now"
     stop_file.touch()
@@ -277,7 +294,7 @@ def part_pretrain(ctx: Context) -> dict:
     expect([r.get("checkpoint") for r in resumed] == ["step-1"], f"resume events {resumed}: expected one, from step-1")
     expect(len(losses) >= 2 and all(l == l and l < 1e4 for l in losses), f"losses {losses}")
     return {"params": metrics.get("train/params"), "zero_stage": metrics.get("train/zero_stage"),
-            "attn_implementation": metrics.get("train/attn_implementation"), "ranks": ctx.ranks,
+            "attn_implementation": metrics.get("train/attn_implementation"), "ranks": ctx.training_ranks,
             "tokens_per_s": metrics.get("train/tokens_per_s"), "mfu": mfu[-1] if mfu else None,
             "losses": losses, "resumed_from": resumed[0]["checkpoint"], "first_s": round(first, 1), "resume_s": round(second, 1)}
 
@@ -345,53 +362,51 @@ def accelerate_config(work: Path, *, cpu: bool, processes: int) -> Path:
     return config
 
 
-RELOAD = r'''
-import json, sys, torch
-from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
-from transformers import AutoModelForCausalLM
-run, out = sys.argv[1], sys.argv[2]
-saved = AutoModelForCausalLM.from_pretrained(run + "/model", dtype=torch.float32).state_dict()
-shards = get_fp32_state_dict_from_zero_checkpoint(run + "/checkpoints/" + sys.argv[3])
-common = [k for k in shards if k in saved]
-worst = max(((saved[k] - shards[k]).abs().max() / shards[k].abs().max().clamp_min(1e-12)).item() for k in common)
-json.dump({"tensors": len(shards), "compared": len(common), "max_rel_diff": worst,
-           "empty_tensors": sum(v.numel() == 0 for v in saved.values())}, open(out, "w"))
-'''
+def zero3_reload(run_dir: Path, checkpoint: str) -> dict:
+    """``model/`` reloaded as a plain HF model against the weights rebuilt from the checkpoint's ZeRO shards."""
+    import torch
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from transformers import AutoModelForCausalLM
+
+    saved = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32).state_dict()
+    with contextlib.redirect_stdout(sys.stderr):   # zero_to_fp32 prints its progress on stdout
+        shards = get_fp32_state_dict_from_zero_checkpoint(str(run_dir / "checkpoints" / checkpoint))
+    common = [k for k in shards if k in saved]
+    worst = max(((saved[k] - shards[k]).abs().max() / shards[k].abs().max().clamp_min(1e-12)).item() for k in common)
+    return {"tensors": len(shards), "compared": len(common), "max_rel_diff": worst,
+            "empty_tensors": sum(v.numel() == 0 for v in saved.values())}
 
 
 def part_sft_zero3(ctx: Context) -> dict:
     make_base(ctx, "base-zero3", ctx.shape("1b"), "float32")
-    config = accelerate_config(ctx.work, cpu=ctx.cpu, processes=ctx.ranks)
+    config = accelerate_config(ctx.work, cpu=ctx.cpu, processes=ctx.training_ranks)
     steps = 2
     ctx.command([ctx.python, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "smolforge",
                  "--runs-dir", str(ctx.runs), "sft", "--config", str(RECIPES / "sft.yaml"),
                  *sets(name="sft-zero3", parent="base-zero3", data="data", eval_fraction=0, early_stopping_patience=0,
                        trainer__max_steps=steps, trainer__save_steps=steps, trainer__per_device_train_batch_size=4,
                        trainer__max_length=64 if ctx.cpu else 256, trainer__logging_steps=1)])
-    script, out = ctx.work / "reload.py", ctx.work / "reload.json"
-    script.write_text(RELOAD)
-    ctx.command([ctx.python, str(script), str(ctx.runs / "sft-zero3"), str(out), f"checkpoint-{steps}"])
-    figures = json.loads(out.read_text())
+    figures = zero3_reload(ctx.runs / "sft-zero3", f"checkpoint-{steps}")
     tolerance = 1e-6 if ctx.cpu else 1e-2   # model/ holds bf16-gathered weights on a GPU
     expect(figures["empty_tensors"] == 0, f"{figures['empty_tensors']} empty tensors in model/ (ZeRO-3 partitions saved)")
     expect(figures["compared"] > 0 and figures["max_rel_diff"] <= tolerance,
            f"model/ differs from the ZeRO shards by {figures['max_rel_diff']:.2e} > {tolerance}")
-    return {**figures, "tolerance": tolerance, "zero_stage": 3, "processes": ctx.ranks}
+    return {**figures, "tolerance": tolerance, "zero_stage": 3, "processes": ctx.training_ranks}
 
 
 def part_trainers(ctx: Context) -> dict:
     """SFT, DPO and GRPO (HF generation) from a parent saved in bf16: fp32 weights and master copies."""
     make_base(ctx, "base-bf16", ctx.shape("half_b"), "bfloat16")
-    length = 64 if ctx.cpu else 256
+    length, steps, tokens = (64, 1, 4) if ctx.cpu else (256, 2, 16)
     pipeline(ctx, "trainers", [
-        sft_step("sft-bf16", "base-bf16", 2, 4, length),
+        sft_step("sft-bf16", "base-bf16", steps, 4, length),
         {"recipe": str(RECIPES / "dpo.yaml"),
-         "set": {"name": "dpo-bf16", "parent": "sft-bf16", "data": "data", "trainer.max_steps": 2,
+         "set": {"name": "dpo-bf16", "parent": "sft-bf16", "data": "data", "trainer.max_steps": steps,
                  "trainer.per_device_train_batch_size": 4, "trainer.max_length": length, "trainer.logging_steps": 1}},
         {"recipe": str(RECIPES / "grpo.yaml"),
-         "set": {"name": "grpo-bf16", "parent": "sft-bf16", "data": "data", "eval_max_new_tokens": 8,
-                 "trainer.max_steps": 2, "trainer.per_device_train_batch_size": 4, "trainer.num_generations": 4,
-                 "trainer.max_completion_length": 8, "trainer.logging_steps": 1, "trainer.use_vllm": False}}])
+         "set": {"name": "grpo-bf16", "parent": "sft-bf16", "data": "data", "eval_max_new_tokens": tokens,
+                 "trainer.max_steps": steps, "trainer.per_device_train_batch_size": 4, "trainer.num_generations": 4,
+                 "trainer.max_completion_length": tokens, "trainer.logging_steps": 1, "trainer.use_vllm": False}}])
     dtypes = {}
     for stage, run in (("sft", "sft-bf16"), ("dpo", "dpo-bf16"), ("grpo", "grpo-bf16")):
         metrics = ctx.run_json(run)["metrics"]
@@ -399,38 +414,44 @@ def part_trainers(ctx: Context) -> dict:
                          "steps": metrics.get("train/steps"), "loss": metrics.get("train/loss")}
     wrong = {stage: d for stage, d in dtypes.items() if d["weights"] != "float32" or d["master"] != "float32"}
     expect(not wrong, f"trainers not holding fp32 weights and master copies: {wrong}")
-    return {"dtypes": dtypes, "parent_dtype": "bfloat16"}
+    expect(all(d["steps"] == steps for d in dtypes.values()), f"steps trained: {dtypes} (expected {steps} each)")
+    return {"dtypes": dtypes, "parent_dtype": "bfloat16", "steps": steps}
 
 
-SERVE_PARITY = r'''
-import json, sys, time, urllib.request, torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
-model_dir, url, name, dtype, out = sys.argv[1:6]
-device = "cuda" if torch.cuda.is_available() else "cpu"
-tok = AutoTokenizer.from_pretrained(model_dir)
-model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
-prompts = ["The capital of", "Add 3 and 4.", "Bo eats", "Question: what is 2 plus 2?", "Once upon a time", "Name a fruit:"]
-agree = total = 0; worst = 0.0
-for text in prompts:
-    ids = tok(text, add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        gen = model.generate(torch.tensor([ids], device=device), max_new_tokens=12, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True, pad_token_id=tok.pad_token_id, eos_token_id=None)
-    hf_ids = gen.sequences[0, len(ids):].tolist()
-    hf_lp = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(gen.scores, hf_ids)]
-    body = json.dumps({"model": name, "prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 1,
-                       "ignore_eos": True, "return_tokens_as_token_ids": True}).encode()
-    reply = json.load(urllib.request.urlopen(urllib.request.Request(url + "/v1/completions", body,
-                                             {"Content-Type": "application/json"}), timeout=120))
-    lp = reply["choices"][0]["logprobs"]
-    served = [int(t.split(":")[1]) for t in lp["tokens"]]
-    for a, b, la, lb in zip(hf_ids, served, hf_lp, lp["token_logprobs"]):
-        total += 1
-        if a != b:
-            break   # past the first different token the continuations are not comparable
-        agree += 1; worst = max(worst, abs(la - lb))
-json.dump({"tokens_compared": total, "agree": agree / max(total, 1), "max_logprob_diff": worst}, open(out, "w"))
-'''
+def served_vs_hf(model_dir: Path, url: str, name: str, dtype: str) -> dict:
+    """Greedy tokens and their log-probs from HF generate and from the served endpoint, compared token by
+    token up to the first different token (past it the continuations are not comparable)."""
+    import urllib.request
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=getattr(torch, dtype)).to(device).eval()
+    agree = total = 0
+    worst = 0.0
+    for text in ["The capital of", "Add 3 and 4.", "Bo eats", "Question: what is 2 plus 2?", "Once upon a time",
+                 "Name a fruit:"]:
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        with torch.no_grad():
+            out = model.generate(torch.tensor([ids], device=device), max_new_tokens=12, do_sample=False,
+                                 output_scores=True, return_dict_in_generate=True,
+                                 pad_token_id=tokenizer.pad_token_id, eos_token_id=None)
+        hf_ids = out.sequences[0, len(ids):].tolist()
+        hf_logprobs = [torch.log_softmax(s[0].float(), -1)[t].item() for s, t in zip(out.scores, hf_ids)]
+        body = json.dumps({"model": name, "prompt": ids, "max_tokens": 12, "temperature": 0, "logprobs": 1,
+                           "ignore_eos": True, "return_tokens_as_token_ids": True}).encode()
+        request = urllib.request.Request(url + "/v1/completions", body, {"Content-Type": "application/json"})
+        served = json.load(urllib.request.urlopen(request, timeout=120))["choices"][0]["logprobs"]
+        served_ids = [int(t.split(":")[1]) for t in served["tokens"]]
+        for a, b, la, lb in zip(hf_ids, served_ids, hf_logprobs, served["token_logprobs"]):
+            total += 1
+            if a != b:
+                break
+            agree += 1
+            worst = max(worst, abs(la - lb))
+    return {"tokens_compared": total, "agree": agree / max(total, 1), "max_logprob_diff": worst}
 
 
 def part_vllm(ctx: Context) -> dict:
@@ -449,10 +470,7 @@ def part_vllm(ctx: Context) -> dict:
     try:
         wait_until_ready(url + "/health", {"smolforge serve": (server, ctx.work / "serve.log")}, what="smolforge serve",
                          started=time.perf_counter(), timeout=240 if ctx.cpu else 300)
-        script, out = ctx.work / "serve_parity.py", ctx.work / "serve_parity.json"
-        script.write_text(SERVE_PARITY)
-        ctx.command([ctx.python, str(script), str(ctx.runs / "base-serve" / "model"), url, "base-serve", dtype, str(out)])
-        figures["serve"] = json.loads(out.read_text())
+        figures["serve"] = served_vs_hf(ctx.runs / "base-serve" / "model", url, "base-serve", dtype)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)

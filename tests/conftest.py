@@ -249,7 +249,7 @@ def deepspeed_zero3_run(runs, chain_root, data_run):
 # `make test` runs two pytest-xdist workers with --dist loadfile --no-loadscope-reorder: whole files,
 # in collection order. The longest files (measured: `pytest --durations=0`, summed per file) go
 # first, longest first, so the last file to start is a short one and both workers end together.
-LONGEST_FIRST = ("test_real_model.py", "test_slurm_launch.py", "test_real_model_served.py", "test_ranks.py", "test_pipeline_e2e.py", "test_eval_backends.py",
+LONGEST_FIRST = ("test_gpu_check.py", "test_real_model.py", "test_slurm_launch.py", "test_real_model_served.py", "test_ranks.py", "test_pipeline_e2e.py", "test_eval_backends.py",
                  "test_annotate_server.py", "test_vllm_rollouts.py", "test_serve.py", "test_annotate_loop.py",
                  "test_data_datatrove.py", "test_ablate.py", "test_annotate_faults.py", "test_burnin.py",
                  "test_pretrain_loop.py", "test_ppo_stage.py", "test_annotate_ui.py", "test_annotate_postgres.py",

@@ -228,31 +228,6 @@ def _two_cores() -> list[int]:
 
 
 @pytest.mark.slow
-def test_two_cpu_ranks_over_gloo_are_healthy():
-    # --margin 0.5: `make test` runs another test on these cores meanwhile, and the two ranks share
-    # them with it unevenly; a rank made slow for real (the next test) is flagged at the default 0.1
-    done, seconds = _burnin(*SMALL, "--margin", "0.5", cores=_two_cores())
-    assert done.returncode == 0, done.stderr[-3000:]
-    report = json.loads(done.stdout)   # stdout is the one JSON object; the ranks' own output went to stderr
-    assert (report["world_size"], report["backend"], report["device"], report["dtype"]) == (2, "gloo", "cpu",
-                                                                                            "float32")
-    assert [r["rank"] for r in report["ranks"]] == [0, 1]
-    assert {r["host"] for r in report["ranks"]} == {socket.gethostname()}
-    for r in report["ranks"]:
-        assert r["matmul_tflops"] > 0 and r["matmul_iters"] >= 1 and 0 < r["peak_pct"]
-        assert r["memory"]["errors"] == 0 and r["memory"]["words"] == 8 * 2**20 // 4
-        assert r["allreduce_errors"] == 0 and r["allreduce_ms"] > 0
-    assert [row["mib"] for row in report["allreduce"]] == [1, 4]
-    for row in report["allreduce"]:   # two ranks: bus bandwidth = algbw = bytes / time
-        assert row["busbw_gbps"] > 0
-        assert row["busbw_gbps"] == pytest.approx(row["bytes"] / (row["ms"] / 1e3) / GB)
-    assert report["nvml"] == "not available (no GPU)"
-    assert report["healthy"] and report["problems"] == []
-    print(f"healthy 2-rank burnin: {seconds:.1f} s; matmul TFLOP/s "
-          f"{[round(r['matmul_tflops'], 4) for r in report['ranks']]}")
-
-
-@pytest.mark.slow
 def test_a_rank_whose_core_is_busy_is_flagged():
     """Each rank pinned to its own core; twenty-four busy loops share rank 1's core while the ranks measure.
 

@@ -37,9 +37,14 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     assert all((tmp_path / "out" / f).stat().st_size <= gpu_check.LOG_LIMIT + 64 for f in files)
 
     collectives = parts["collectives"]["figures"]
-    assert (collectives["world"], collectives["backend"], collectives["burnin"]["world_size"]) == (2, "gloo", 2)
+    burnin = collectives["burnin"]
+    assert (collectives["world"], collectives["backend"]) == (2, "gloo")
+    assert (burnin["world_size"], burnin["device"], burnin["dtype"]) == (2, "cpu", "float32")
+    assert all(t > 0 for t in burnin["matmul_tflops"]) and len(burnin["busbw_gbps"]) >= 2
+    assert all(bw > 0 for bw in burnin["busbw_gbps"])
     pretrain = parts["pretrain"]["figures"]
-    assert pretrain["zero_stage"] == 1 and pretrain["ranks"] == 2 and pretrain["resumed_from"] == "step-1"
+    # one training process, as on a one-GPU node: ZeRO-1 asked, ZeRO-0 run (nothing to shard), recorded so
+    assert (pretrain["ranks"], pretrain["zero_stage"], pretrain["resumed_from"]) == (1, 0, "step-1")
     assert pretrain["tokens_per_s"] > 0 and len(pretrain["losses"]) == 2
     packed = parts["sft_packed"]["figures"]
     assert packed["max_rel_diff"] <= packed["tolerance"] and set(packed["tokens_per_s"]) == {"padded", "varlen", "blockmask"}
@@ -48,7 +53,6 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     dtypes = parts["trainers"]["figures"]["dtypes"]
     assert {stage: (d["weights"], d["master"]) for stage, d in dtypes.items()} == \
         {stage: ("float32", "float32") for stage in ("sft", "dpo", "grpo")}
-    assert all(d["steps"] == 2 for d in dtypes.values())
     serve = parts["vllm"]["figures"]["serve"]
     assert serve["agree"] >= 0.9 and serve["max_logprob_diff"] <= serve["tolerance"]
 
@@ -56,13 +60,14 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
 def test_a_part_over_its_time_limit_is_cut_off_and_the_check_goes_on(tmp_path):
     """One hang loses one part: it is killed at its limit with everything it started, what needs it is
     skipped, the other parts still run, and the summary says which part failed and why."""
-    done, summary = check(tmp_path / "out", "--parts", "pretrain,collectives", "--limit", "data=1", timeout=180)
+    done, summary = check(tmp_path / "out", "--parts", "pretrain,collectives", "--limit", "data=0.5",
+                          "--limit", "collectives=1", timeout=120)
     parts = summary["parts"]
     assert done.returncode == 1 and summary["ok"] is False
     assert list(parts) == ["data", "pretrain", "collectives"]
-    assert parts["data"]["status"] == "timeout: over its 1 s limit" and parts["data"]["log_tail"]
+    assert parts["data"]["status"] == "timeout: over its 0.5 s limit" and "log_tail" in parts["data"]
     assert parts["pretrain"]["status"] == "skipped: the data step failed"
-    assert parts["collectives"]["status"] == "ok"
+    assert parts["collectives"]["status"] == "timeout: over its 1 s limit"   # the check went on after the first
     work = summary["work"].removesuffix(" (removed)")
     leftover = subprocess.run(["pgrep", "-f", work], capture_output=True, text=True).stdout.split()
     assert leftover == []

@@ -1,9 +1,10 @@
 """TRL stages on two ranks (real launchers, gloo on this CPU), failures on one rank, and resume.
 
 One pipeline drives it all, each step started by ``accelerate launch`` on two processes with
-DeepSpeed ZeRO-3: SFT (DeepSpeed gathers the weights it saves), DPO (gathering off: smolforge
-gathers them), then GRPO, which trains one step (rollouts from the partitioned policy) before its
-reward function fails on rank 1 only.
+DeepSpeed ZeRO-3: DPO from the session's SFT model (gathering off: smolforge gathers the weights),
+then GRPO, which trains one step (rollouts from the partitioned policy) before its reward function
+fails on rank 1 only. SFT on two ZeRO-3 ranks with DeepSpeed gathering the weights it saves is
+bench/gpu_check.sh's ``sft_zero3`` part, which tests/test_gpu_check.py runs on this CPU.
 """
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import DEMO, REPO, TINY, tiny_recipe
+from conftest import DEMO, REPO, TINY
 from smolforge.errors import RunError
 from smolforge.recipe import deep_merge, load_recipe
 from smolforge.runs import Runs
@@ -55,6 +56,9 @@ def accelerate_config(folder, name: str, gather_on_save: bool):
     return config.name
 
 
+DPO_2R = {"name": "dpo-2r", "trainer": {"max_length": 64, "learning_rate": 1e-4}}
+
+
 def step(stage: str, config: str, **recipe) -> dict:
     trainer = {**SMALL, **recipe.pop("trainer", {})}
     return {"stage": stage, **recipe, "trainer": trainer,
@@ -80,8 +84,8 @@ def assert_model_matches_partitions(run) -> None:
 
 
 @pytest.fixture(scope="module")
-def two_rank_pipeline(tmp_path_factory, runs, data_run, pretrain_run):
-    """The three-step pipeline, run once; ``(runs, the RunError it ended with)``."""
+def two_rank_pipeline(tmp_path_factory, runs, data_run, sft_run):
+    """The two-step pipeline, run once; ``(runs, the RunError it ended with)``."""
     from smolforge.pipeline import load_pipeline, run_pipeline
 
     folder = tmp_path_factory.mktemp("ranks")
@@ -92,9 +96,7 @@ def two_rank_pipeline(tmp_path_factory, runs, data_run, pretrain_run):
     rl = {"generation": "hf", "eval_max_new_tokens": 4, "heldout_fraction": 0.05, "rewards": ["answer_match"],
           "trainer": {"num_generations": 4, "max_completion_length": 6}}
     pipeline = {"pipeline": [
-        step("sft", gathered, name="sft-2r", parent=pretrain_run.name, eval_fraction=0, early_stopping_patience=0,
-             trainer={"max_length": 64, "learning_rate": 1e-3}, **common),
-        step("dpo", own_gather, name="dpo-2r", parent="sft-2r", trainer={"max_length": 64}, **common),
+        step("dpo", own_gather, **DPO_2R, parent=sft_run.name, **common),
         step("grpo", gathered, name="grpo-fails", parent="dpo-2r",
              **{**rl, "rewards": ["failing_rewards:fails_on_rank_1"]}, **common),
     ]}
@@ -114,31 +116,31 @@ def two_rank_pipeline(tmp_path_factory, runs, data_run, pretrain_run):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["sft-2r", "dpo-2r"])
-def test_two_rank_zero3_stage_writes_one_run_with_gathered_weights(two_rank_pipeline, name):
+def test_two_rank_zero3_stage_writes_one_run_with_gathered_weights(two_rank_pipeline):
     runs, _ = two_rank_pipeline
-    run = runs.get(name)
+    run = runs.get("dpo-2r")
     assert (run.status, run.metrics["train/processes"], run.metrics["train/launcher"]) == ("done", 2, "accelerate")
     assert run.metrics["train/steps"] == 4
     lines = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     assert [line["step"] for line in lines if "loss" in line] == [1, 2, 3, 4]  # logged once, not per rank
-    # dpo-2r ran with stage3_gather_16bit_weights_on_model_save off: smolforge gathered the parameters itself
+    # stage3_gather_16bit_weights_on_model_save off: smolforge gathered the parameters itself
     assert_model_matches_partitions(run)
 
 
 @pytest.mark.slow
-def test_two_rank_sft_follows_the_one_rank_losses_on_the_same_global_batch(two_rank_pipeline, pretrain_run,
-                                                                            data_run):
-    from smolforge.alignment import sft
+def test_two_rank_dpo_follows_the_one_rank_losses_on_the_same_global_batch(two_rank_pipeline, sft_run, data_run):
+    from smolforge.alignment import dpo
+    from smolforge.recipe import build_stage_recipe
+    from smolforge.registry import load_stage
 
     runs, _ = two_rank_pipeline
-    recipe = tiny_recipe("sft", name="sft-1r", parent=pretrain_run.name, data=data_run.name, eval_fraction=0,
-                         early_stopping_patience=0,
-                         trainer={**SMALL, "per_device_train_batch_size": 8, "max_length": 64, "learning_rate": 1e-3})
-    sft.run(recipe, runs, overwrite=True)
+    one_rank = step("dpo", "-", **{**DPO_2R, "name": "dpo-1r"}, parent=sft_run.name, data=data_run.name)
+    one_rank.pop("launch"), one_rank.pop("stage")
+    one_rank["trainer"]["per_device_train_batch_size"] = 8          # the two ranks' global batch of 2 x 4
+    dpo.run(build_stage_recipe(load_stage("dpo"), one_rank, source="dpo-1r (test)"), runs, overwrite=True)
     one, two = (
         [json.loads(line)["loss"] for line in runs.get(name).metrics_path.read_text().splitlines()
-         if "loss" in json.loads(line)] for name in ("sft-1r", "sft-2r"))
+         if "loss" in json.loads(line)] for name in ("dpo-1r", "dpo-2r"))
     assert len(one) == len(two) == 4
     assert one[-1] < one[0]  # it trained
     torch.testing.assert_close(torch.tensor(two), torch.tensor(one), rtol=2e-3, atol=2e-3)
@@ -178,7 +180,7 @@ def test_a_killed_sft_run_resumes_from_its_checkpoint(runs, data_run, pretrain_r
     first = runs.root / "sft-killed" / "checkpoints" / "checkpoint-10" / "trainer_state.json"
     try:
         deadline = time.monotonic() + 120
-        while not first.is_file() and child.poll() is None and time.monotonic() < deadline:
+        while not _whole(first) and child.poll() is None and time.monotonic() < deadline:
             time.sleep(0.02)
         child.send_signal(signal.SIGKILL)
     finally:
@@ -201,6 +203,15 @@ def test_a_killed_sft_run_resumes_from_its_checkpoint(runs, data_run, pretrain_r
     b = load_file(runs.root / "sft-whole" / "model" / "model.safetensors")
     for key in a:
         torch.testing.assert_close(a[key], b[key], rtol=1e-4, atol=1e-5)
+
+
+def _whole(path) -> bool:
+    """The Trainer wrote ``path`` (JSON) to its end (it writes it in place: an early look can see it half-written)."""
+    try:
+        json.loads(path.read_text())
+        return True
+    except (OSError, ValueError):
+        return False
 
 
 def test_an_unfinished_run_without_a_checkpoint_is_not_resumed(runs, tmp_path):
