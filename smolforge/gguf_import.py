@@ -12,6 +12,10 @@ folder with the tokenizer and its chat template. The run records the file's sha2
 quantization (the file type and a count of tensor types), so the lineage says the weights were
 dequantized from Q4_1, not trained in fp32.
 
+Reading a GGUF header means parsing its whole metadata, the tokenizer's vocabulary included (SmolLM2's
+49,152 tokens: about 6 s on 2 cores). transformers' loader reads it anew for the config, the tokenizer
+and the weights, so one reader per file (:func:`reader`) is shared by the check and all three.
+
     >>> import tempfile, pathlib
     >>> bad = pathlib.Path(tempfile.mkdtemp()) / "model.gguf"
     >>> _ = bad.write_bytes(b"PK\\x03\\x04 not a gguf file")
@@ -22,14 +26,17 @@ dequantized from Q4_1, not trained in fp32.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 import shutil
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 from smolforge.errors import RecipeError, RunError
 
-__all__ = ["GGUFFile", "inspect_gguf", "find_gguf", "dequantize_to_folder", "MAGIC"]
+__all__ = ["GGUFFile", "inspect_gguf", "find_gguf", "dequantize_to_folder", "reader", "shared_readers", "MAGIC"]
 
 MAGIC = b"GGUF"
 
@@ -72,6 +79,34 @@ def _text(field) -> str | None:
     return bytes(field.parts[field.data[0]]).decode("utf-8", errors="replace")
 
 
+def reader(path: Path):
+    """The ``gguf.GGUFReader`` of ``path``, parsed once per version of the file (size and mtime) in this process."""
+    stat = path.stat()
+    return _cached_reader(str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.lru_cache(maxsize=2)
+def _cached_reader(path: str, size: int, mtime_ns: int):
+    return _gguf_module().GGUFReader(path)
+
+
+@contextlib.contextmanager
+def shared_readers() -> Iterator[None]:
+    """While open, ``gguf.GGUFReader(path)`` (read-only) is :func:`reader`'s one parse of the file, for the
+    loaders that construct their own (transformers' config, tokenizer and weights loaders each do)."""
+    gguf = _gguf_module()
+    original = gguf.GGUFReader
+
+    def shared(path, mode="r"):
+        return reader(Path(path)) if mode == "r" else original(path, mode)
+
+    gguf.GGUFReader = shared
+    try:
+        yield
+    finally:
+        gguf.GGUFReader = original
+
+
 def inspect_gguf(path: str | Path) -> GGUFFile:
     """Read and check a GGUF file's header; RunError (damaged, unsupported) or RecipeError (no ``gguf``)."""
     path = Path(path).expanduser()
@@ -83,11 +118,11 @@ def inspect_gguf(path: str | Path) -> GGUFFile:
         raise RunError(f"{path}: not a GGUF file (it starts with {head!r}, GGUF files with {MAGIC!r})")
     gguf = _gguf_module()
     try:
-        reader = gguf.GGUFReader(str(path))
+        parsed = reader(path)
     except Exception as exc:  # noqa: BLE001 - a truncated or damaged file: numpy/struct errors, one line
         raise RunError(f"{path}: cannot read the GGUF file ({type(exc).__name__}: {exc}); is it truncated? "
                        "download or copy it again") from None
-    architecture = _text(reader.fields.get("general.architecture"))
+    architecture = _text(parsed.fields.get("general.architecture"))
     if not architecture:
         raise RunError(f"{path}: the GGUF metadata has no general.architecture")
     try:
@@ -98,7 +133,7 @@ def inspect_gguf(path: str | Path) -> GGUFFile:
         raise RunError(f"{path}: transformers cannot load GGUF architecture '{architecture}' (it loads "
                        f"{', '.join(sorted(GGUF_SUPPORTED_ARCHITECTURES)[:12])}, ...): convert it to a safetensors "
                        "folder elsewhere and import that")
-    file_type = reader.fields.get("general.file_type")
+    file_type = parsed.fields.get("general.file_type")
     quantization = "unknown"
     if file_type is not None:
         code = int(file_type.parts[file_type.data[0]][0])
@@ -106,10 +141,10 @@ def inspect_gguf(path: str | Path) -> GGUFFile:
             quantization = gguf.LlamaFileType(code).name
         except ValueError:
             quantization = f"file type {code}"
-    types = Counter(gguf.GGMLQuantizationType(int(t.tensor_type)).name for t in reader.tensors)
-    return GGUFFile(path=path, architecture=architecture, name=_text(reader.fields.get("general.name")),
-                    quantization=quantization, tensor_types=dict(sorted(types.items())), tensors=len(reader.tensors),
-                    chat_template="tokenizer.chat_template" in reader.fields, size=path.stat().st_size)
+    types = Counter(gguf.GGMLQuantizationType(int(t.tensor_type)).name for t in parsed.tensors)
+    return GGUFFile(path=path, architecture=architecture, name=_text(parsed.fields.get("general.name")),
+                    quantization=quantization, tensor_types=dict(sorted(types.items())), tensors=len(parsed.tensors),
+                    chat_template="tokenizer.chat_template" in parsed.fields, size=path.stat().st_size)
 
 
 def dequantize_to_folder(found: GGUFFile, target: Path, dtype: str = "float32") -> None:
@@ -119,8 +154,9 @@ def dequantize_to_folder(found: GGUFFile, target: Path, dtype: str = "float32") 
 
     folder, name = str(found.path.parent), found.path.name
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
+        with shared_readers():
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+            loaded = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=getattr(torch, dtype))
     except Exception as exc:  # noqa: BLE001 - transformers' GGUF loader: one line; --debug shows the cause
         raise RunError(f"{found.path}: transformers could not load it ({type(exc).__name__}: "
                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from exc
