@@ -62,9 +62,9 @@ SHAPES = {
                "max_position_embeddings": 4096},
 }
 # The embedded world, small: every part's data (conftest's TINY sizes, so the CPU run takes seconds).
-DATA = {"name": "data", "progress": False, "tokenizer": {"vocab_size": 400}, "pack": {"seq_len": 64},
-        "world": {"entities": 6, "pretrain_docs": 300, "preference_pairs": 48, "long_docs": 0, "reasoning": False,
-                  "safety": False}}
+DATA = {"name": "data", "progress": False, "tokenizer.vocab_size": 400, "pack.seq_len": 64, "world.entities": 6,
+        "world.pretrain_docs": 300, "world.preference_pairs": 48, "world.long_docs": 0, "world.reasoning": False,
+        "world.safety": False}
 
 
 @dataclasses.dataclass
@@ -150,21 +150,23 @@ def expect(condition: bool, message: str) -> None:
 # ----------------------------------------------------------------------------------------- shared steps
 
 
-def stage_run(ctx: Context, stage: str, recipe_file: Path, changes: dict):
-    """Run ``stage`` from ``recipe_file`` with ``changes`` in this process (what ``smolforge STAGE --config``
-    does, the imports paid once): validated first, so a bad recipe fails before any run exists."""
-    from smolforge.recipe import build_stage_recipe, deep_merge, load_recipe
+def stage_run(ctx: Context, recipe_file: Path, changes: dict):
+    """Run the stage of ``recipe_file`` with ``changes`` (``{"trainer.max_steps": 2}``, values as YAML) in this
+    process: what ``smolforge STAGE --config FILE --set …`` does, validated before any run exists, with
+    the imports paid once for the part."""
+    from smolforge.recipe import build_stage_recipe, load_recipe
     from smolforge.registry import load_stage
     from smolforge.runs import Runs
 
+    stage, data = load_recipe(recipe_file, [f"{key}={json.dumps(value)}" for key, value in changes.items()])
     module = load_stage(stage)
-    recipe = build_stage_recipe(module, deep_merge(load_recipe(recipe_file)[1], changes), source=str(recipe_file))
+    recipe = build_stage_recipe(module, data, source=str(recipe_file))
     module.validate(recipe, Runs(ctx.runs))
     return module.run(recipe, Runs(ctx.runs))
 
 
 def prepare_data(ctx: Context) -> dict:
-    run = stage_run(ctx, "data", RECIPES / "data.yaml", DATA)
+    run = stage_run(ctx, RECIPES / "data.yaml", DATA)
     expect(run.status == "done", f"data run status {run.status}")
     return {"seconds": run.metrics.get("data/seconds")}
 
@@ -268,8 +270,9 @@ def part_pretrain(ctx: Context) -> dict:
                   train__warmup_steps=1, train__precision=ctx.precision(), train__zero_stage=1,
                   train__attn_implementation="auto", checkpoint__every_steps=0, mixture=[],
                   tracking__report_to=["none"])]
-    launch = [ctx.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ctx.training_ranks),
-              "-m", "smolforge", "--runs-dir", str(ctx.runs), *args]
+    ranks = ctx.training_ranks
+    launcher = [ctx.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(ranks)]
+    launch = [*(launcher if ranks > 1 else [ctx.python]), "-m", "smolforge", "--runs-dir", str(ctx.runs), *args]
     stop_file = ctx.work / "stop-now"
     stop_file.touch()
     first = time.perf_counter()
@@ -300,19 +303,11 @@ def part_pretrain(ctx: Context) -> dict:
 
 
 def sft_step(name: str, parent: str, steps: int, batch: int, length: int | None, **changes) -> dict:
-    """A pipeline step: the demo SFT recipe, held-out split off, ``steps`` logged steps from ``parent``."""
-    return {"recipe": str(RECIPES / "sft.yaml"),
-            "set": {"name": name, "parent": parent, "data": "data", "eval_fraction": 0, "early_stopping_patience": 0,
-                    "trainer.max_steps": steps, "trainer.per_device_train_batch_size": batch,
-                    "trainer.max_length": length, "trainer.logging_steps": 1, "trainer.save_steps": steps,
-                    "trainer.learning_rate": 1e-4, "trainer.seed": 0, **changes}}
-
-
-def pipeline(ctx: Context, name: str, steps: list[dict]) -> None:
-    """Run ``steps`` as one ``smolforge pipeline`` whose steps share a process (the imports paid once)."""
-    path = ctx.work / f"{name}.yaml"
-    path.write_text(json.dumps({"pipeline": steps, "share_process": True}, indent=1))   # JSON is YAML
-    ctx.smolforge("pipeline", str(path))
+    """The demo SFT recipe's changes for a short run from ``parent``: held-out split off, every step logged."""
+    return {"name": name, "parent": parent, "data": "data", "eval_fraction": 0, "early_stopping_patience": 0,
+            "trainer.max_steps": steps, "trainer.per_device_train_batch_size": batch, "trainer.max_length": length,
+            "trainer.logging_steps": 1, "trainer.save_steps": steps, "trainer.learning_rate": 1e-4,
+            "trainer.seed": 0, **changes}
 
 
 def sft_figures(ctx: Context, name: str) -> dict:
@@ -331,9 +326,9 @@ def part_sft_packed(ctx: Context) -> dict:
     batch, steps = (8, 3) if ctx.cpu else (64, 6)
     runs = {"padded": (False, "sdpa"), "varlen": (True, "auto"), "blockmask": (True, "sdpa")}
     # padding-free rows are not cut at max_length (TRL refuses the pair): the conversations are short
-    pipeline(ctx, "sft-packed", [sft_step(f"sft-{kind}", "base-packed", steps, batch, None, **{
-        "trainer.packing": False, "trainer.padding_free": padding_free, "attn_implementation": attention})
-        for kind, (padding_free, attention) in runs.items()])
+    for kind, (padding_free, attention) in runs.items():
+        stage_run(ctx, RECIPES / "sft.yaml", sft_step(f"sft-{kind}", "base-packed", steps, batch, None, **{
+            "trainer.packing": False, "trainer.padding_free": padding_free, "attn_implementation": attention}))
     figures = {kind: sft_figures(ctx, f"sft-{kind}") for kind in runs}
     tolerance = 1e-4 if ctx.cpu else 2e-2        # relative, on the first step's loss (fp32 vs bf16 autocast)
     first = {kind: f["losses"][0] for kind, f in figures.items()}
@@ -398,15 +393,14 @@ def part_trainers(ctx: Context) -> dict:
     """SFT, DPO and GRPO (HF generation) from a parent saved in bf16: fp32 weights and master copies."""
     make_base(ctx, "base-bf16", ctx.shape("half_b"), "bfloat16")
     length, steps, tokens = (64, 1, 4) if ctx.cpu else (256, 2, 16)
-    pipeline(ctx, "trainers", [
-        sft_step("sft-bf16", "base-bf16", steps, 4, length),
-        {"recipe": str(RECIPES / "dpo.yaml"),
-         "set": {"name": "dpo-bf16", "parent": "sft-bf16", "data": "data", "trainer.max_steps": steps,
-                 "trainer.per_device_train_batch_size": 4, "trainer.max_length": length, "trainer.logging_steps": 1}},
-        {"recipe": str(RECIPES / "grpo.yaml"),
-         "set": {"name": "grpo-bf16", "parent": "sft-bf16", "data": "data", "eval_max_new_tokens": tokens,
-                 "trainer.max_steps": steps, "trainer.per_device_train_batch_size": 4, "trainer.num_generations": 4,
-                 "trainer.max_completion_length": tokens, "trainer.logging_steps": 1, "trainer.use_vllm": False}}])
+    stage_run(ctx, RECIPES / "sft.yaml", sft_step("sft-bf16", "base-bf16", steps, 4, length))
+    stage_run(ctx, RECIPES / "dpo.yaml", {
+        "name": "dpo-bf16", "parent": "sft-bf16", "data": "data", "trainer.max_steps": steps,
+        "trainer.per_device_train_batch_size": 4, "trainer.max_length": length, "trainer.logging_steps": 1})
+    stage_run(ctx, RECIPES / "grpo.yaml", {
+        "name": "grpo-bf16", "parent": "sft-bf16", "data": "data", "eval_max_new_tokens": tokens,
+        "trainer.max_steps": steps, "trainer.per_device_train_batch_size": 4, "trainer.num_generations": 4,
+        "trainer.max_completion_length": tokens, "trainer.logging_steps": 1, "trainer.use_vllm": False})
     dtypes = {}
     for stage, run in (("sft", "sft-bf16"), ("dpo", "dpo-bf16"), ("grpo", "grpo-bf16")):
         metrics = ctx.run_json(run)["metrics"]
