@@ -243,7 +243,7 @@ def part_collectives(ctx: Context) -> dict:
     figures = json.loads(result.read_text())
     print("$ smolforge burnin", flush=True)
     burnin = subprocess.run([ctx.python, "-m", "smolforge", "burnin", "--processes", str(ctx.ranks), "--json",
-                             "--seconds", "2" if ctx.cpu else "5", "--memory-mib", "16" if ctx.cpu else "1024",
+                             "--seconds", "1" if ctx.cpu else "5", "--memory-mib", "16" if ctx.cpu else "1024",
                              # two ranks on a shared 2-core CPU differ in speed by chance: only wrong sums,
                              # memory mismatches and errors count there
                              *(["--margin", "0.99"] if ctx.cpu else [])],

@@ -72,7 +72,7 @@ def test_the_openai_sdk_chats_with_the_served_model_as_hf_answers(real_model_run
 def test_each_staged_standard_task_scores_alike_in_process_and_served(task, staged, real_model_run, runs, served):
     stage = load_stage("eval")
     recipe = build_stage_recipe(stage, {"run": real_model_run.name, "suite": task, "parity": "endpoint",
-                                        "endpoint": served, "batch_size": 8, "max_gen_toks": 48},
+                                        "endpoint": served, "batch_size": 8, "max_gen_toks": 32},
                                 source="eval (test)")
     stage.validate(recipe, runs)
     stage.run(recipe, runs)
