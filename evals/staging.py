@@ -170,8 +170,36 @@ def bundled_tasks():
     return TaskManager()
 
 
+def own_folder_entry(name: str):
+    """lm-eval's entry for ``name`` from an index of its own folder only, or None when that cannot tell.
+
+    The full index (:func:`bundled_tasks`) reads all ~10,000 task files; a standard task's YAML is almost
+    always ``<name>.yaml``, so the folders holding a file of that name are indexed alone (lm-eval's own
+    ``TaskManager``, its includes resolved), a few milliseconds each. Only an answer that one file
+    alone declares is taken; anything else (no such file, a group, several declaring it) is left to
+    the full index, so the entry is the one lm-eval itself would use.
+
+    >>> str(own_folder_entry("arc_easy").yaml_path).endswith("arc/arc_easy.yaml")
+    True
+    """
+    import lm_eval.tasks
+    from lm_eval.tasks import TaskManager
+
+    root = Path(lm_eval.tasks.__file__).parent
+    found = {}
+    for folder in sorted({path.parent for path in root.rglob(f"{name}.yaml")}):
+        entry = TaskManager(include_defaults=False, include_path=str(folder)).task_index.get(name)
+        if entry is not None:
+            found[str(entry.yaml_path)] = entry
+    return next(iter(found.values())) if len(found) == 1 else None
+
+
 def task_entry(name: str):
     """lm-eval's index entry for ``name``; RecipeError with close matches when there is none."""
+    entry = own_folder_entry(name)
+    if entry is not None and getattr(entry, "yaml_path", None) is not None \
+            and not str(getattr(entry, "kind", "")).endswith("GROUP"):
+        return entry
     manager = bundled_tasks()
     if name not in manager.all_tasks:
         close = close_tasks(name, list(manager.all_tasks))
