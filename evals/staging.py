@@ -3,8 +3,9 @@
     smolforge eval stage arc_easy --from ~/data/arc_easy_test.jsonl
     smolforge eval sft-demo --suite arc_easy
 
-``stage_task`` looks the task up in lm-eval's task index (an unknown name lists close
-matches), copies the data file into ``<staged>/<task>/`` ($SMOLFORGE_STAGED, default
+``stage_task`` looks the task up in lm-eval's own task index, built from the task's folder alone
+(:func:`own_folder_entry`; lm-eval's full index of ~10,000 files only for an unknown name, whose close
+matches it lists), copies the data file into ``<staged>/<task>/`` ($SMOLFORGE_STAGED, default
 ``~/.cache/smolforge/staged``) and writes a task YAML there that ``include``\\s lm-eval's own
 YAML and replaces only where the documents come from: ``dataset_path: json`` with the copy as
 the task's evaluation split (the bundled YAML's ``test_split``, else its ``validation_split``).

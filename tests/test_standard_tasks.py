@@ -1,6 +1,6 @@
 """Standard lm-eval tasks (gsm8k, ARC, hellaswag, MMLU) staged from files in their hub layout and scored.
 
-Every task is staged once for the module (lm-eval's task index is built once a process, ~10 s), from the
+Every task is staged once for the module (each found by indexing its own lm-eval folder), from the
 hand-written rows of standard_task_rows.py. The tiny model's scores are arbitrary: its tests check the
 shape of what the eval stage writes. What the scores mean is checked with an oracle model that answers
 from the rows' own fields (ARC's answerKey, hellaswag's label, MMLU's answer, gsm8k's ``#### N``), wrong on
