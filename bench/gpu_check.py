@@ -323,7 +323,7 @@ def part_sft_packed(ctx: Context) -> dict:
     conversation) with the varlen attention ``auto`` picks and with the dense block mask (sdpa): equal
     first-step losses; tokens/s of each."""
     base = make_base(ctx, "base-packed", ctx.shape("half_b"), "float32")
-    batch, steps = (8, 3) if ctx.cpu else (64, 6)
+    batch, steps = (8, 2) if ctx.cpu else (64, 6)
     runs = {"padded": (False, "sdpa"), "varlen": (True, "auto"), "blockmask": (True, "sdpa")}
     # padding-free rows are not cut at max_length (TRL refuses the pair): the conversations are short
     for kind, (padding_free, attention) in runs.items():
