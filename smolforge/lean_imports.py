@@ -1,4 +1,5 @@
-"""scikit-learn imported when transformers first uses it, not when transformers loads.
+"""scikit-learn imported when transformers first uses it, not when transformers loads; vLLM when TRL
+first builds its in-process generation, not when its online trainers load.
 
 Two transformers modules import ``sklearn.metrics`` at load time when scikit-learn is installed:
 ``transformers.generation.candidate_generator`` (``roc_curve``, for assisted generation's
@@ -13,12 +14,18 @@ imports scikit-learn.
 
     >>> install(); install()   # idempotent: ``import smolforge`` has already called it
 
+The same holds for vLLM in TRL's online trainers: ``trl.generation.vllm_generation`` (imported by
+GRPO, RLOO and distillation at load time; it imports vLLM, about 5 s of a 13 s ``from trl import
+GRPOTrainer``) becomes a stand-in whose ``VLLMGeneration``, built only with ``use_vllm``, loads the real
+module first; smolforge's own rollouts (HF, or its vLLM server) never build it.
+
 tests/test_lean_imports.py checks the stand-ins; test_ppo_stage.py, that a PPO step's process never loads scikit-learn.
 """
 from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import importlib.util
 import sys
 from collections.abc import Callable
 
@@ -75,8 +82,71 @@ class _DeferSklearn(importlib.abc.MetaPathFinder):
         return spec
 
 
+# TRL's online trainers (GRPO, RLOO, distillation) import its in-process vLLM generation at load time,
+# which imports vLLM (about 5 s of a 13 s `from trl import GRPOTrainer` on 2 cores) even where generation
+# goes through HF or smolforge's own vLLM server; its one class is built only with `use_vllm`.
+VLLM_GENERATION = "trl.generation.vllm_generation"
+
+
+def _real_vllm_generation():
+    """TRL's own ``vllm_generation`` module, loaded now in place of the stand-in (vLLM imported with it)."""
+    module = sys.modules.get(VLLM_GENERATION)
+    if module is not None and not getattr(module, "_smolforge_stand_in", False):
+        return module
+    spec = importlib.machinery.PathFinder.find_spec(VLLM_GENERATION, sys.modules["trl.generation"].__path__)
+    real = importlib.util.module_from_spec(spec)
+    sys.modules[VLLM_GENERATION] = real
+    try:
+        spec.loader.exec_module(real)
+    except BaseException:
+        sys.modules[VLLM_GENERATION] = module
+        raise
+    setattr(sys.modules["trl.generation"], "vllm_generation", real)
+    return real
+
+
+class _VLLMGenerationStandIn:
+    """Stands in for ``trl.generation.vllm_generation.VLLMGeneration`` until a trainer builds one."""
+
+    def __new__(cls, *args, **kwargs):
+        return _real_vllm_generation().VLLMGeneration(*args, **kwargs)
+
+
+class _StandInLoader(importlib.abc.Loader):
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module) -> None:
+        module._smolforge_stand_in = True
+        module.VLLMGeneration = _VLLMGenerationStandIn
+        module.__getattr__ = _forward
+
+
+def _forward(name: str):
+    """Any other name of the stand-in module: the real module's (dunder lookups of the import machinery,
+    such as ``__path__``, are answered as for a plain module and load nothing)."""
+    if name.startswith("__") and name.endswith("__"):
+        raise AttributeError(name)
+    return getattr(_real_vllm_generation(), name)
+
+
+class _DeferVLLMGeneration(importlib.abc.MetaPathFinder):
+    """Gives ``trl.generation.vllm_generation`` a stand-in whose ``VLLMGeneration`` (and any other name it
+    is asked for) loads TRL's module, and vLLM with it, on first use."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != VLLM_GENERATION:
+            return None
+        sys.meta_path.remove(self)
+        real = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if real is None:
+            return None
+        return importlib.machinery.ModuleSpec(name, _StandInLoader(), origin=real.origin)
+
+
 def install() -> None:
-    """Put the finder first on ``sys.meta_path`` (a no-op when it is there or the modules are loaded)."""
-    if all(name in sys.modules for name in DEFERRED) or any(isinstance(f, _DeferSklearn) for f in sys.meta_path):
-        return
-    sys.meta_path.insert(0, _DeferSklearn())
+    """Put the finders first on ``sys.meta_path`` (no-ops when they are there or the modules are loaded)."""
+    if not (all(name in sys.modules for name in DEFERRED) or any(isinstance(f, _DeferSklearn) for f in sys.meta_path)):
+        sys.meta_path.insert(0, _DeferSklearn())
+    if VLLM_GENERATION not in sys.modules and not any(isinstance(f, _DeferVLLMGeneration) for f in sys.meta_path):
+        sys.meta_path.insert(0, _DeferVLLMGeneration())
