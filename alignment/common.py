@@ -44,7 +44,7 @@ def lora_config(spec: LoraSpec, task_type: str = "CAUSAL_LM"):
 
 def export_merged(trainer, run: Run):
     """Keep the adapter in ``adapter/`` and return the base model with the adapter merged in."""
-    trainer.model.save_pretrained(run.path / "adapter", safe_serialization=True)
+    trainer.model.save_pretrained(run.adapter_dir, safe_serialization=True)
     return trainer.model.merge_and_unload()
 
 

@@ -48,7 +48,7 @@ from trl import DPOConfig
 
 from smolforge.errors import DataError, RecipeError
 from smolforge.profiling import ProfileSpec
-from smolforge.runs import Run, Runs
+from smolforge.runs import Run, Runs, is_run
 
 from .common import (LoraSpec, TrackingSpec, check_lora, export_merged, load_frozen, load_trainable, lora_config,
                      model_parent, quiet_tracking, train_from_parent, trainer_defaults, validate_inputs)
@@ -142,7 +142,7 @@ def reference_dir(recipe: Recipe, runs: Runs) -> Path | None:
         return model_parent(runs, ref[len("run:"):]).model_dir
     if _is_model_folder(ref):
         path = Path(ref).expanduser()
-        if (path / "run.json").is_file():
+        if is_run(path):
             return model_parent(runs, ref).model_dir
         if (path / "config.json").is_file():
             return path
@@ -210,7 +210,7 @@ def reference_run(recipe: Recipe, runs: Runs) -> Run | None:
     ref = recipe.reference.strip()
     if ref.startswith("run:"):
         return model_parent(runs, ref[len("run:"):])
-    if ref not in ("parent", "none") and (Path(ref).expanduser() / "run.json").is_file():
+    if ref not in ("parent", "none") and is_run(Path(ref).expanduser()):
         return model_parent(runs, ref)
     return None
 

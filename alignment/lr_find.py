@@ -79,14 +79,14 @@ def lr_find(recipe: Recipe, runs: Runs, sweep: Sweep) -> Run:
 
     try:
         with sweep.run(runs, "sft", recipe, parents) as run:
-            swept = dataclasses.replace(recipe, trainer=sweep_args(recipe, sweep, str(run.path / "trainer")),
+            swept = dataclasses.replace(recipe, trainer=sweep_args(recipe, sweep, str(run.trainer_dir)),
                                         early_stopping_patience=0)
             trainer = trainer_factory(swept, attention(swept, runs))(parent.model_dir, Dataset.from_list(rows), tokenizer, [Record()])
             trainer.remove_callback(PrinterCallback)  # one JSON object on stdout with --json, not a log line a step
             trainer.create_optimizer()
             trainer.lr_scheduler = torch.optim.lr_scheduler.LambdaLR(trainer.optimizer, sweep.multiplier)
             trainer.train()
-            shutil.rmtree(run.path / "trainer", ignore_errors=True)  # nothing saved there: no empty folder left
+            shutil.rmtree(run.trainer_dir, ignore_errors=True)  # nothing saved there: no empty folder left
             sweep.finish(run, stage="sft", recipe_name=recipe.name, recipe_lr=resolved.trainer.learning_rate,
                          window=window(runs, recipe.parent))
     finally:

@@ -148,9 +148,9 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     parents = [runs.get(s.run) for s in models] + ([runs.get(recipe.base)] if recipe.base else [])
     config = mergekit_config(recipe, parents)
     with runs.start("merge", recipe.name, to_dict(recipe), parents=parents, overwrite=overwrite) as run:
-        tmp = run.path / f".model.tmp-{os.getpid()}"
+        tmp = run.model_staging_dir
         shutil.rmtree(tmp, ignore_errors=True)
-        (run.path / "mergekit.yaml").write_text(_yaml(config))
+        run.mergekit_path.write_text(_yaml(config))
         run_merge(MergeConfiguration.model_validate(config), str(tmp),
                   MergeOptions(copy_tokenizer=True, quiet=True, write_model_card=False, random_seed=recipe.seed,
                                safe_serialization=True))

@@ -241,7 +241,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             if backend == "vllm-server":   # on CPU it boots while the policy loads; on a GPU it is ready first
                 from smolforge.generation.rollouts import ServerRollouts
 
-                rollouts = ServerRollouts(parent.model_dir, run.path / "rl" / "rollouts", seed=recipe.trainer.seed)
+                rollouts = ServerRollouts(parent.model_dir, run.rollouts_dir, seed=recipe.trainer.seed)
                 start_rollouts(rollouts, cuda=device.type == "cuda")
             tokenizer = load_tokenizer(parent.model_dir)
             model = load_policy(parent.model_dir, device)
@@ -265,7 +265,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
         save_trained(trainer, run, tokenizer)
         if not trainer.accelerator.is_main_process:
             return run
-        write_jsonl(run.path / "rl" / "heldout.jsonl",
+        write_jsonl(run.heldout_path,
                     [{"before": b, "after": a} for b, a in zip(details_before, details)])
         summary = {**train_summary(trainer, result), **profiler.metrics}
         summary.update({"rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),

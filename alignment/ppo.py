@@ -88,7 +88,7 @@ from pathlib import Path
 from smolforge.errors import RecipeError
 from smolforge.profiling import StepProfiler, check_profile
 from smolforge.recipe import FRACTION, to_dict
-from smolforge.runs import Run, Runs
+from smolforge.runs import Run, RunLayout, Runs, is_run
 
 from .common import check_tracking, lineage_fingerprints, model_parent, open_tracker
 from .online import OnlineRecipe, load_prompts, reward_functions, start_rollouts
@@ -268,7 +268,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
             if main:
                 run.save_model(models.policy, models.tokenizer)
         if main:
-            write_jsonl(run.path / "rl" / "heldout.jsonl",
+            write_jsonl(run.heldout_path,
                         [{"before": b, "after": a} for b, a in zip(details_before, details_after)])
             run.finish(metrics={
                 "rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),
@@ -337,7 +337,7 @@ def _rollouts(backend: str, model_dir, run, spec: PPOSpec, *, cuda: bool):
     if backend == "hf":
         yield None
         return
-    rollouts = server_rollouts(model_dir, run.path / "rl" / "rollouts", spec)
+    rollouts = server_rollouts(model_dir, run.rollouts_dir, spec)
     try:
         yield start_rollouts(rollouts, cuda=cuda)
     finally:
@@ -405,18 +405,19 @@ def heldout_reward(models, rows: list[dict], reward_fns: list, max_new_tokens: i
         return mean_reward(unwrapped.policy, models.tokenizer, rows, reward_fns, max_new_tokens=max_new_tokens)
 
 
-class _NoRun:
+class _NoRun(RunLayout):
     """Stands in for the run on processes other than the main one: they train, it records; an
     exception on this rank still fails the run, with this rank's message."""
 
     def __init__(self, path, rank: int) -> None:
-        self.path, self.rank = path, rank
+        super().__init__(path)
+        self.rank = rank
 
     def __enter__(self):
         return self
 
     def __exit__(self, exc_type, exc, tb) -> bool:
-        if exc_type is not None and (self.path / "run.json").is_file():
+        if exc_type is not None and is_run(self.path):
             from .ranks import fail_from_rank
 
             fail_from_rank(Run(self.path), self.rank, exc)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from smolforge.errors import RecipeError, RunError
-from smolforge.runs import Run, Runs
+from smolforge.runs import Run, Runs, unfinished_run
 
 log = logging.getLogger(__name__)
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
@@ -73,14 +73,9 @@ def resume_point(path: Path, overwrite: bool) -> Path | None:
     A done run, or an unfinished one without a complete checkpoint, is a RunError unless
     ``overwrite``; every rank reaches the same answer from the same files.
     """
-    if overwrite or not (path / "run.json").is_file():
+    run = unfinished_run(path, overwrite=overwrite)
+    if run is None:
         return None
-    run = Run(path)
-    if run.status == "queued":  # `smolforge launch` queued it; this is its first start
-        return None
-    if run.status == "done":
-        raise RunError(f"run '{run.name}' already exists (status done) at {path}; "
-                       "pass --overwrite or choose another name")
     found = newest_checkpoint(run.checkpoints_dir)
     if found is None:
         raise RunError(f"run '{run.name}' exists unfinished (status {run.status}) without a complete "

@@ -164,7 +164,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         trl_eval = trainer.evaluate()
         model = trainer.accelerator.unwrap_model(trainer.model)
         if recipe.lora is not None and trainer.accelerator.is_main_process:  # keep the adapter; model/ is merged
-            model.save_pretrained(run.path / "adapter", safe_serialization=True)
+            model.save_pretrained(run.adapter_dir, safe_serialization=True)
             model = model.merge_and_unload()
         with full_weights(model):
             after = heldout_scores(model, tokenizer, held)  # what model/ holds

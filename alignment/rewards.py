@@ -31,6 +31,7 @@ from typing import Any
 
 from smolforge.errors import DataError, RecipeError, RunError
 from smolforge.generation.verifiers import answer_match, arith_verifier, completion_text, math_match, prompt_text
+from smolforge.runs import RunLayout, Runs
 
 __all__ = ["BUILTINS", "answer_match", "arith_verifier", "math_match", "resolve", "checked", "RewardModelScorer",
            "score_pairs", "mean_reward", "completion_text", "prompt_text"]
@@ -101,13 +102,12 @@ class checked:  # noqa: N801 - used like a function: checked(fn, name)
 # --------------------------------------------------------------------------- naming rewards
 
 
-def resolve(spec: str | RewardFn, runs=None) -> RewardFn:
+def resolve(spec: str | RewardFn, runs: Runs | None = None) -> RewardFn:
     """The reward a recipe names, wrapped by :func:`checked`.
 
     ``spec`` is a built-in (``answer_match``, ``arith_verifier``, ``math_match``), a dotted path
     (``package.module:function`` or ``package.module.function``), ``run:<name>`` (a reward run's
-    model, scored by :class:`RewardModelScorer`; found in ``runs``, default ``$SMOLFORGE_RUNS``
-    or ./runs), or a callable.
+    model, scored by :class:`RewardModelScorer`; found in ``runs``, the stage's runs), or a callable.
 
     >>> resolve("smolforge.alignment.rewards:arith_verifier").__name__
     'arith_verifier'
@@ -124,9 +124,9 @@ def resolve(spec: str | RewardFn, runs=None) -> RewardFn:
     if spec in BUILTINS:
         return checked(BUILTINS[spec], spec)
     if spec.startswith("run:"):
-        from smolforge.runs import Runs, runs_root
-
-        runs = runs if runs is not None else Runs(runs_root())
+        if runs is None:
+            raise RecipeError(f"reward '{spec}': a reward run is looked up in the stage's runs; pass them "
+                              "(resolve(spec, runs))")
         run = runs.get(spec[len("run:"):].strip())
         return checked(RewardModelScorer(run.path), run.name)
     if ":" in spec or "." in spec:
@@ -222,7 +222,7 @@ class RewardModelScorer:
         from smolforge.generation.prompts import load_tokenizer
 
         path = Path(run_path)
-        model_dir = path if (path / "config.json").is_file() else path / "model"
+        model_dir = path if (path / "config.json").is_file() else RunLayout(path).model_dir
         if not (model_dir / "config.json").is_file():
             raise RunError(f"'{path}' has no model/ to score with (is it a reward run?)")
         self.__name__ = path.name if model_dir != path else path.parent.name
@@ -247,7 +247,7 @@ class RewardModelScorer:
 
 
 def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[RewardFn | str] | RewardFn,
-                max_new_tokens: int = 32, batch_size: int = 32) -> tuple[float, list[dict]]:
+                max_new_tokens: int = 32, batch_size: int = 32, runs: Runs | None = None) -> tuple[float, list[dict]]:
     """Greedy completions for held-out prompt rows, scored: ``(mean summed reward, per-row details)``.
 
     ``rows`` are prompt rows (``{"prompt", "answer"?, "kind"?...}``); their other columns reach the
@@ -255,12 +255,13 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
     :class:`~smolforge.generation.hf.HFSampler` (batched, left-padded, chat template for
     conversational prompts, stopping at the model's end tokens). A reward of None (not applicable) adds nothing to a row's total. Each detail is
     ``{"prompt", "completion", "rewards": {name: value}, "total"}`` plus the row's other columns.
+    A reward named ``run:<name>`` is found in ``runs``.
     """
     from smolforge.generation.hf import HFSampler
 
     if callable(reward_fns):
         reward_fns = [reward_fns]
-    fns = [resolve(fn) for fn in reward_fns]
+    fns = [resolve(fn, runs) for fn in reward_fns]
     if not fns:
         raise RecipeError("mean_reward needs at least one reward function")
     rows = list(rows)

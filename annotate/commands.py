@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 
-from smolforge.commands import Commands, Context, run_stage
+from smolforge.commands import Commands, Context, StageSpec, run_stage
 from smolforge.errors import RecipeError
 
 
@@ -80,7 +80,8 @@ def _annotate(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
 
 
 def register(cli: Commands) -> None:
-    cli.stage("annotate", example="smolforge annotate push --config recipes/demo/annotate.yaml",
+    cli.stage(StageSpec("annotate", "smolforge.annotate.stage",
+                        example="smolforge annotate push --config recipes/demo/annotate.yaml"),
               examples=("smolforge annotate serve                                   # 127.0.0.1, demo credentials",
                         "smolforge annotate serve --host 0.0.0.0 --database postgresql://argilla@db:5432/argilla",
                         "smolforge annotate users add alice                         # prints a generated password once",

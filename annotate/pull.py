@@ -276,11 +276,11 @@ def write_preference_run(runs: Any, name: str, rows: list[dict], report: dict, p
     with runs.start("annotate", name, recipe=recipe, parents=parent_runs, overwrite=overwrite) as run:
         if started_at:
             run.info["started_at"] = started_at
-        with ShardWriter(run.path / "data" / "prefs") as writer:
+        with ShardWriter(run.data_shard_dir("prefs")) as writer:
             for row in rows:
                 writer.write(row)
         run.info["data_fingerprints"] = {"data/prefs": files_fingerprint(writer.paths)}
-        write_json_atomic(run.path / "annotations.json", report)
+        write_json_atomic(run.annotations_path, report)
         agreement_info = report.get("agreement", {})
         metrics = {f"annotate/{key}": value for key, value in report.get("counts", {}).items()}
         metrics |= {"annotate/rows": len(rows), "annotate/agreement": agreement_info.get("value"),

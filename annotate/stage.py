@@ -304,7 +304,7 @@ def _exists(runs: Runs, name: str) -> bool:
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     """The pipeline step: push, scripted answers (if any), wait, pull."""
-    if (runs.root / recipe.name / "run.json").is_file() and not overwrite:  # before minutes of generation
+    if runs.exists(recipe.name) and not overwrite:  # before minutes of generation
         raise RunError(f"run '{recipe.name}' already exists at {runs.root / recipe.name}; "
                        "pass --overwrite or choose another name")
     started_at = utc_now()
@@ -363,10 +363,10 @@ def summary(run_: Run) -> str:
     """The counts and agreement of a pulled preference run, for the CLI."""
     import json
 
-    report = json.loads((run_.path / "annotations.json").read_text())
+    report = json.loads(run_.annotations_path.read_text())
     counts = ", ".join(f"{key} {value}" for key, value in report["counts"].items())
     agree = report.get("agreement") or {}
     value = agree.get("value")
     agreement = f"{agree.get('metric')} {value:.3f}" if value is not None else "agreement undefined"
     return (f"{report['records']} records: {counts}; {agree.get('annotators', 0)} annotators, {agreement}; "
-            f"{run_.metrics.get('annotate/rows')} preference pairs in {run_.path / 'data' / 'prefs'}")
+            f"{run_.metrics.get('annotate/rows')} preference pairs in {run_.data_shard_dir('prefs')}")

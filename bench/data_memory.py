@@ -30,7 +30,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 from smolforge.recipe import build_stage_recipe, load_recipe
 from smolforge.registry import load_stage
-from smolforge.runs import Runs, write_json_atomic
+from smolforge.runs import RunLayout, Runs, write_json_atomic
 from smolforge.table import render_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,7 +49,8 @@ def demo_data_run(runs: Runs) -> Path:
 def repeated_copy(source: Path, target: Path, times: int) -> dict:
     """A copy of data run ``source`` whose packed rows are its own repeated ``times`` times."""
     shutil.copytree(source, target)
-    packed = target / "packed"
+    layout = RunLayout(target)
+    packed = layout.packed_dir
     meta = json.loads((packed / "meta.json").read_text())
     for name, stats in meta["domains"].items():
         for suffix in ("ids", "pos"):
@@ -57,8 +58,8 @@ def repeated_copy(source: Path, target: Path, times: int) -> dict:
             path.write_bytes(path.read_bytes() * times)
         meta["domains"][name] = {k: v * times for k, v in stats.items()}
     write_json_atomic(packed / "meta.json", meta)
-    info = json.loads((target / "run.json").read_text())
-    write_json_atomic(target / "run.json", {**info, "name": target.name})
+    info = json.loads(layout.json_path.read_text())
+    write_json_atomic(layout.json_path, {**info, "name": target.name})
     return meta
 
 

@@ -56,8 +56,8 @@ def prepare(runs: Runs, name: str, pattern: str, workers: int, executor: str = "
     stage.validate(recipe, runs)
     run = stage.run(recipe, runs, overwrite=True)
     seconds = time.perf_counter() - started
-    card = json.loads((run.path / "data_card.json").read_text())
-    kept = {json.loads(line)["id"] for p in sorted((run.path / "data" / "pretrain").glob("part-*.jsonl"))
+    card = json.loads(run.data_card_path.read_text())
+    kept = {json.loads(line)["id"] for p in sorted(run.data_shard_dir("pretrain").glob("part-*.jsonl"))
             for line in p.read_text().splitlines()}
     return seconds, card, kept
 

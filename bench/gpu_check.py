@@ -128,8 +128,14 @@ class Context:
         return self.command([self.python, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
                              str(nproc), *args], env=env)
 
+    def run_folder(self, name: str):
+        """Run ``name``'s paths (:class:`smolforge.runs.RunLayout`)."""
+        from smolforge.runs import RunLayout
+
+        return RunLayout(self.runs / name)
+
     def run_json(self, name: str) -> dict:
-        return json.loads((self.runs / name / "run.json").read_text())
+        return json.loads(self.run_folder(name).json_path.read_text())
 
     def shape(self, gpu_shape: str) -> str:
         return "tiny" if self.cpu else gpu_shape
@@ -179,7 +185,7 @@ def make_base(ctx: Context, name: str, shape: str, dtype: str) -> dict:
 
     from smolforge.pretrain.model import ModelShape, build_model
 
-    tokenizer = AutoTokenizer.from_pretrained(ctx.runs / "data" / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(ctx.run_folder("data").tokenizer_dir)
     model = build_model(ModelShape(**SHAPES[shape]), len(tokenizer), seed=0, pad_token_id=tokenizer.pad_token_id,
                         eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id)
     folder = ctx.work / "models" / name
@@ -204,7 +210,10 @@ def sets(**values) -> list[str]:
 
 
 def logged(run_dir: Path, key: str) -> list[float]:
-    return [row[key] for row in map(json.loads, (run_dir / "metrics.jsonl").read_text().splitlines()) if key in row]
+    from smolforge.runs import RunLayout
+
+    metrics = RunLayout(run_dir).metrics_path
+    return [row[key] for row in map(json.loads, metrics.read_text().splitlines()) if key in row]
 
 
 # ----------------------------------------------------------------------------------------------- parts
@@ -279,7 +288,7 @@ def part_pretrain(ctx: Context) -> dict:
     ctx.command(launch, env=ctx.env(SMOLFORGE_STOP_FILE=str(stop_file)), check=False)
     first = time.perf_counter() - first
     stopped = ctx.run_json("pretrain")
-    checkpoints = sorted(p.name for p in (ctx.runs / "pretrain" / "checkpoints").glob("step-*"))
+    checkpoints = sorted(p.name for p in ctx.run_folder("pretrain").checkpoints_dir.glob("step-*"))
     expect(stopped["status"] != "done" and checkpoints == ["step-1"],
            f"the stop file should end the run after step 1 with checkpoint step-1: status {stopped['status']}, "
            f"checkpoints {checkpoints}")
@@ -289,7 +298,7 @@ def part_pretrain(ctx: Context) -> dict:
     second = time.perf_counter() - second
     info = ctx.run_json("pretrain")
     metrics = info["metrics"]
-    resumed = [row for row in map(json.loads, (ctx.runs / "pretrain" / "metrics.jsonl").read_text().splitlines())
+    resumed = [row for row in map(json.loads, ctx.run_folder("pretrain").metrics_path.read_text().splitlines())
                if row.get("event") == "resume"]
     losses = logged(ctx.runs / "pretrain", "loss")
     mfu = logged(ctx.runs / "pretrain", "mfu")
@@ -363,9 +372,12 @@ def zero3_reload(run_dir: Path, checkpoint: str) -> dict:
     from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
     from transformers import AutoModelForCausalLM
 
-    saved = AutoModelForCausalLM.from_pretrained(run_dir / "model", dtype=torch.float32).state_dict()
+    from smolforge.runs import RunLayout
+
+    run = RunLayout(run_dir)
+    saved = AutoModelForCausalLM.from_pretrained(run.model_dir, dtype=torch.float32).state_dict()
     with contextlib.redirect_stdout(sys.stderr):   # zero_to_fp32 prints its progress on stdout
-        shards = get_fp32_state_dict_from_zero_checkpoint(str(run_dir / "checkpoints" / checkpoint))
+        shards = get_fp32_state_dict_from_zero_checkpoint(str(run.checkpoints_dir / checkpoint))
     common = [k for k in shards if k in saved]
     worst = max(((saved[k] - shards[k]).abs().max() / shards[k].abs().max().clamp_min(1e-12)).item() for k in common)
     return {"tensors": len(shards), "compared": len(common), "max_rel_diff": worst,
@@ -464,7 +476,7 @@ def part_vllm(ctx: Context) -> dict:
     try:
         wait_until_ready(url + "/health", {"smolforge serve": (server, ctx.work / "serve.log")}, what="smolforge serve",
                          started=time.perf_counter(), timeout=240 if ctx.cpu else 300)
-        figures["serve"] = served_vs_hf(ctx.runs / "base-serve" / "model", url, "base-serve", dtype)
+        figures["serve"] = served_vs_hf(ctx.run_folder("base-serve").model_dir, url, "base-serve", dtype)
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(server.pid, signal.SIGTERM)

@@ -106,7 +106,7 @@ def main() -> None:
     data_run = data_stage.run(recipe("data"), runs)
     from transformers import AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(data_run.tokenizer_dir)
     seq_len = recipe("pretrain").train.seq_len
     domains = pack_shards(data_run.path, tokenizer, seq_len)
     rows = [row for domain_rows in domains.values() for row in domain_rows]

@@ -16,7 +16,7 @@ import json
 from collections import Counter
 from pathlib import Path
 
-from smolforge.runs import atomic_writer
+from smolforge.runs import RunLayout, atomic_writer
 
 from .packed import PackedWriter
 from .shards import files_fingerprint, kind_files, read_files
@@ -97,7 +97,7 @@ def pack(run_path: Path, tokenizer, seq_len: int, batch: int = 1000) -> dict:
     sep = tokenizer.convert_tokens_to_ids(DOC_SEPARATOR)
     if sep is None or sep == tokenizer.unk_token_id:
         sep = tokenizer.eos_token_id
-    with PackedWriter(run_path / "packed", seq_len) as writer:
+    with PackedWriter(RunLayout(run_path).packed_dir, seq_len) as writer:
         pending: list[dict] = []
 
         def flush() -> None:
@@ -123,7 +123,7 @@ def pack(run_path: Path, tokenizer, seq_len: int, batch: int = 1000) -> dict:
 def fingerprints(run_path: Path) -> dict[str, str]:
     """``{"data/<kind>": sha256 of its shards, "packed/<domain>": sha256 of its ids}``."""
     out = {f"data/{kind}": files_fingerprint(kind_files(run_path, kind)) for kind in KIND_NAMES}
-    for path in sorted((run_path / "packed").glob("*.ids.bin")):
+    for path in sorted(RunLayout(run_path).packed_dir.glob("*.ids.bin")):
         out[f"packed/{path.name[:-len('.ids.bin')]}"] = files_fingerprint([path])
     return out
 

@@ -2,14 +2,14 @@
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
-    >>> cli.stages["data"].example
+    >>> cli.stages["data"].spec.example
     'smolforge data prepare recipes/demo/data.yaml --set name=data-mine'
 """
 from __future__ import annotations
 
 import argparse
 
-from smolforge.commands import Commands, Context, run_stage
+from smolforge.commands import Commands, Context, StageSpec, run_stage
 from smolforge.errors import RecipeError
 
 
@@ -27,6 +27,7 @@ def _prepare(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
 
 
 def register(cli: Commands) -> None:
-    cli.stage("data", example="smolforge data prepare recipes/demo/data.yaml --set name=data-mine",
+    cli.stage(StageSpec("data", "smolforge.data.stage",
+                        example="smolforge data prepare recipes/demo/data.yaml --set name=data-mine"),
               arguments=_arguments, handler=_prepare, config_required=False)
     cli.summary(hide=["data/*"])

@@ -62,6 +62,7 @@ from datatrove.utils.hashing import HashConfig
 from datatrove.utils.word_tokenizers import WordTokenizer
 
 from smolforge.errors import RunError
+from smolforge.runs import RunLayout
 
 from .dedup import DedupSpec, detection_curve, normalise
 from .filters import STOP_WORDS, FilterSpec, check
@@ -664,7 +665,7 @@ def process(rows_by_kind, run_path: Path, settings: Settings, logging_dir: str =
     from .shards import ShardWriter
 
     started = time.perf_counter()
-    work = run_path / "datatrove" / "work"
+    work = RunLayout(run_path).datatrove_dir / "work"
     logs = run_path / logging_dir
     shutil.rmtree(work, ignore_errors=True)
     shutil.rmtree(logs, ignore_errors=True)
@@ -676,7 +677,7 @@ def process(rows_by_kind, run_path: Path, settings: Settings, logging_dir: str =
     info = run_stages(executors, settings, logs)
 
     # what stayed, in corpus order per kind
-    writers = {kind: ShardWriter(run_path / "data" / kind, rows_per_shard) for kind in kinds}
+    writers = {kind: ShardWriter(RunLayout(run_path).data_shard_dir(kind), rows_per_shard) for kind in kinds}
     kept_digests: dict[str, set] = {kind: set() for kind in kinds}
     for writer in writers.values():
         writer.__enter__()

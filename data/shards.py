@@ -23,6 +23,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from smolforge.errors import DataError
+from smolforge.runs import RunLayout
 
 from .jsonl import read_jsonl, write_row
 
@@ -74,11 +75,11 @@ class ShardWriter:
 
 def kind_files(run_path: str | Path, kind: str) -> list[Path]:
     """The shards of ``kind`` in a data run (or the single ``data/<kind>.jsonl`` of older runs)."""
-    run_path = Path(run_path)
-    shards = sorted((run_path / "data" / kind).glob("part-*.jsonl"))
+    folder = RunLayout(run_path)
+    shards = sorted(folder.data_shard_dir(kind).glob("part-*.jsonl"))
     if shards:
         return shards
-    single = run_path / "data" / f"{kind}.jsonl"
+    single = folder.data_dir / f"{kind}.jsonl"
     return [single] if single.is_file() else []
 
 

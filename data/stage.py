@@ -401,7 +401,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         f"left empty: {', '.join(empty)} (world.kinds fills them from the synthetic world)" if empty else "") if part),
         file=sys.stderr, flush=True)
     with runs.start("data", recipe.name, to_dict(recipe), overwrite=overwrite) as run:
-        reports = run.path / "reports"
+        reports = run.reports_dir
         card: dict = {"name": recipe.name, "on_error": recipe.on_error, "kinds": {}, "world_kinds": from_world,
                       "decontamination_suites": {n: str(p) for n, p in suites.items()}}
         bad_rows: dict[str, BadRows] = {kind: BadRows() for kind in KINDS}
@@ -414,7 +414,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
                                    index=index, decontam_action=recipe.decontaminate.action,
                                    rows_per_shard=recipe.rows_per_shard)
                 card["kinds"][kind] = process_kind(kind, _rows_of(kind, recipe, sources, bad_rows[kind], labels[kind]),
-                                                   run.path / "data" / kind, spec, reports_folder=reports,
+                                                   run.data_shard_dir(kind), spec, reports_folder=reports,
                                                    progress=recipe.progress)
             card["executor"] = {"executor": "inline", "tasks": 1, "workers": recipe.dedup.workers}
         else:
@@ -446,8 +446,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         fingerprints = cards.fingerprints(run.path)
         card["fingerprints"] = fingerprints
         card["seconds"] = round(time.perf_counter() - started, 2)
-        write_json_atomic(run.path / "data_card.json", card)
-        cards.write_summary(run.path / "data_card.md", card)
+        write_json_atomic(run.data_card_path, card)
+        cards.write_summary(run.data_card_md_path, card)
         run.info["data_fingerprints"] = fingerprints
         run.finish(metrics=cards.metrics(card))
     return run
@@ -466,7 +466,7 @@ def _datatrove(recipe: Recipe, run: Run, sources, index, bad_rows, labels) -> tu
     rows = ((kind, _rows_of(kind, recipe, sources, bad_rows[kind], labels[kind])) for kind in KINDS)
     reports, info = dt.process(rows, run.path, settings, logging_dir=recipe.logging_dir,
                                rows_per_shard=recipe.rows_per_shard)
-    folder = run.path / "reports"
+    folder = run.reports_dir
     folder.mkdir(parents=True, exist_ok=True)
     for kind, report in reports.items():
         removed = report.pop("removed")
@@ -500,20 +500,20 @@ def _tokenizer(recipe: Recipe, run: Run, kind_files):
             yield from (chat_text(row["messages"]) for _, row in read_files(kind_files(run.path, "sft")))
 
         tokenizer = train_tokenizer(texts(), spec.vocab_size, spec.min_frequency)
-    tmp = run.path / ".tokenizer.tmp"
+    tmp = run.tokenizer_dir.with_name(f".{run.tokenizer_dir.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tokenizer.save_pretrained(tmp)
-    tmp.rename(run.path / "tokenizer")
+    tmp.rename(run.tokenizer_dir)
     return tokenizer
 
 
 def summary(run: Run) -> str:
     """The readable data card, printed by ``smolforge data prepare``."""
-    path = run.path / "data_card.md"
+    path = run.data_card_md_path
     return path.read_text(encoding="utf-8") if path.is_file() else ""
 
 
 def as_json(run: Run) -> dict:
     """The data card as one JSON object, printed by ``smolforge data prepare RECIPE --json``."""
-    path = run.path / "data_card.json"
+    path = run.data_card_path
     return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else run.info

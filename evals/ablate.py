@@ -82,7 +82,7 @@ import yaml
 
 from smolforge.errors import RecipeError, RunError
 from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
-from smolforge.registry import MODEL_STAGES, stages
+from smolforge.registry import model_stages, stages, training_stages
 from smolforge.runs import Runs
 
 __all__ = ["Variant", "PlannedRun", "Ablation", "load_ablation", "run_ablation", "analyze", "command",
@@ -181,7 +181,7 @@ def load_ablation(path: str | Path, sets: list[str] | tuple[str, ...] = ()) -> A
     recipe_path = path.parent / str(data["recipe"])
     baseline = load_yaml(recipe_path)
     stage = baseline.pop("stage", None)
-    trained = [s for s in MODEL_STAGES if s not in ("merge", "import")]
+    trained = [s for s in training_stages() if s in model_stages()]
     if stage not in stages() or stage not in trained:
         raise RecipeError(f"{recipe_path}: an ablation trains a model; its recipe's stage must be one of "
                           f"{', '.join(trained)}, got {stage!r}")
@@ -258,7 +258,7 @@ def branch_point(ablation: Ablation, runs: Runs) -> str | None:
     from .audit_checkpoints import export_checkpoint, find_checkpoints
 
     main, name = runs.get(ablation.start_from), ablation.init_run
-    if (runs.root / name / "run.json").is_file():
+    if runs.exists(name):
         existing = runs.get(name, require_done=False)
         if existing.status == "done" and not _newer_parents(existing, runs):
             return name
@@ -287,8 +287,7 @@ def _check_runs(ablation: Ablation, runs: Runs, overwrite: bool) -> tuple[list[P
         recipe = build_stage_recipe(module, planned.recipe, source=where)
         if ablation.stage == "pretrain":
             _check_checkpoints(recipe, where)
-        existing = runs.root / planned.name / "run.json"
-        if existing.is_file():
+        if runs.exists(planned.name):
             run = runs.get(planned.name, require_done=False)
             same = json.loads(json.dumps(to_dict(recipe), default=str)) == run.info.get("recipe")
             newer = _newer_parents(run, runs)
@@ -409,7 +408,7 @@ def analyze(ablation: Ablation, runs: Runs, *, device: str = "auto", batch_size:
 
 
 def _done(runs: Runs, name: str) -> bool:
-    return (runs.root / name / "run.json").is_file() and runs.get(name, require_done=False).status == "done"
+    return runs.exists(name) and runs.get(name, require_done=False).status == "done"
 
 
 # --------------------------------------------------------------------------- the command

@@ -10,18 +10,17 @@
 """
 from __future__ import annotations
 
-import html
 import math
 from typing import Any, TextIO
 
 from smolforge.runs import Runs, atomic_writer, write_json_atomic
+from smolforge.svg_plot import Column, Layout, strip_chart
 
-from .ablate_stats import NOISE_FACTOR, RULE
+from .ablate_stats import NOISE_FACTOR, RULE, mean, stdev
 
 __all__ = ["format_rows", "format_result", "svg_task_plot", "write_result"]
 
-WIDTH, HEIGHT, LEFT, RIGHT, TOP, BOTTOM = 640, 330, 64, 20, 44, 70
-COLORS = ("#1d3557", "#e76f51", "#2a9d8f", "#e9c46a", "#7b2cbf", "#6c757d")
+LAYOUT = Layout(width=640, height=330, left=64, right=20, top=44, bottom=70, kind="ablation", standalone=True)
 
 
 def _pm(mean: float, sd: float | None) -> str:
@@ -75,52 +74,10 @@ def svg_task_plot(task: str, metric: str | None, arms: list[tuple[str, list[floa
     >>> svg.startswith("<svg") and svg.count('class="seed"') == 4 and svg.count('class="mean"') == 2
     True
     """
-    from .ablate_stats import mean, stdev
-
-    values = [v for _, scores, _ in arms for v in scores] or [0.0]
-    lo, hi = min(values), max(values)
-    pad = max((hi - lo) * 0.15, 0.01)
-    y0, y1 = lo - pad, hi + pad
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    slot = plot_w / max(len(arms), 1)
-
-    def py(y: float) -> float:
-        return TOP + plot_h - (y - y0) / (y1 - y0) * plot_h
-
-    esc = html.escape
+    columns = [Column(label, scores, mean(scores) if scores else None, stdev(scores), verdict)
+               for label, scores, verdict in arms]
     direction = "higher is better" if higher_is_better else "lower is better"
-    title = f"{task} ({metric or 'score'}, {direction}); audit: {audit}"
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot ablation" viewBox="0 0 {WIDTH} {HEIGHT}" '
-           f'width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" role="img"><title>{esc(title)}</title>',
-           f'<rect width="{WIDTH}" height="{HEIGHT}" fill="#fff"/>',
-           f'<text x="{WIDTH / 2:.0f}" y="20" text-anchor="middle" font-size="13" font-weight="600">{esc(title)}</text>']
-    for k in range(6):
-        t = y0 + (y1 - y0) * k / 5
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{py(t):.1f}" y2="{py(t):.1f}" stroke="#eee"/>'
-                   f'<text x="{LEFT - 6}" y="{py(t) + 4:.1f}" text-anchor="end" font-size="10" fill="#555">'
-                   f'{t:.3g}</text>')
-    out.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>')
-    for i, (label, scores, verdict) in enumerate(arms):
-        color = COLORS[i % len(COLORS)]
-        cx = LEFT + slot * (i + 0.5)
-        if scores:
-            m, sd = mean(scores), stdev(scores)
-            if sd is not None:
-                out.append(f'<line class="spread" x1="{cx:.1f}" x2="{cx:.1f}" y1="{py(m - sd):.1f}" '
-                           f'y2="{py(m + sd):.1f}" stroke="{color}" stroke-width="2"/>')
-            out.append(f'<line class="mean" x1="{cx - 22:.1f}" x2="{cx + 22:.1f}" y1="{py(m):.1f}" y2="{py(m):.1f}" '
-                       f'stroke="{color}" stroke-width="3"><title>{esc(label)}: mean {m:.4f}'
-                       f'{f" ± {sd:.4f}" if sd is not None else ""}</title></line>')
-            for j, score in enumerate(scores):
-                x = cx - 12 + 24 * j / max(len(scores) - 1, 1)
-                out.append(f'<circle class="seed" cx="{x:.1f}" cy="{py(score):.1f}" r="4" fill="{color}" '
-                           f'fill-opacity="0.6"><title>{esc(label)} seed #{j}: {score:.4f}</title></circle>')
-        out.append(f'<text x="{cx:.1f}" y="{TOP + plot_h + 18}" text-anchor="middle" font-size="11">{esc(label)}</text>')
-        if verdict:
-            out.append(f'<text x="{cx:.1f}" y="{TOP + plot_h + 34}" text-anchor="middle" font-size="11" '
-                       f'font-weight="600" fill="{color}">{esc(verdict)}</text>')
-    out.append("</svg>")
-    return "".join(out)
+    return strip_chart(f"{task} ({metric or 'score'}, {direction}); audit: {audit}", columns, LAYOUT)
 
 
 def write_result(result: dict[str, Any], ablation: Any, runs: Runs, out: TextIO) -> dict[str, Any]:
@@ -136,16 +93,16 @@ def write_result(result: dict[str, Any], ablation: Any, runs: Runs, out: TextIO)
             arms = [(v["label"], [result["scores"][v["label"]][n][task] for n in v["runs"]],
                      rows[v["label"]]["verdict"] if v["label"] in rows else "") for v in result["variants"]]
             higher = next((r["higher_is_better"] for r in rows.values()), True)
-            path = run.path / "plots" / f"{task}.svg"
+            path = run.plot_path(task)
             path.parent.mkdir(exist_ok=True)
             with atomic_writer(path) as fh:
                 fh.write(svg_task_plot(task, result["audit"][task].get("metric") or None, arms,
                                        result["audit"][task]["verdict"], higher))
             plots[task] = str(path)
-        with atomic_writer(run.path / "table.txt") as fh:
+        with atomic_writer(run.table_path) as fh:
             fh.write(text + "\n")
-        result = {**result, "run": run.name, "table": str(run.path / "table.txt"), "plots": plots}
-        write_json_atomic(run.path / "ablation.json", _json_safe(result))
+        result = {**result, "run": run.name, "table": str(run.table_path), "plots": plots}
+        write_json_atomic(run.ablation_path, _json_safe(result))
         counts = {verdict: sum(r["verdict"] == verdict for r in result["rows"]) for verdict in ("better", "worse")}
         run.finish(metrics={"ablation/runs": len(parents), "ablation/better": counts["better"],
                             "ablation/worse": counts["worse"],

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from smolforge.commands import Commands, Context, extra_overrides, run_stage
+from smolforge.commands import Commands, Context, StageSpec, extra_overrides, run_stage
 from smolforge.errors import RecipeError
 
 
@@ -94,8 +94,9 @@ def _ablate_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def register(cli: Commands) -> None:
-    cli.stage("eval", example="smolforge eval sft-demo --suite embedded --check-parity", arguments=_eval_arguments,
-              handler=_eval, config_required=False)
+    cli.stage(StageSpec("eval", "smolforge.evals.stage",
+                        example="smolforge eval sft-demo --suite embedded --check-parity"),
+              arguments=_eval_arguments, handler=_eval, config_required=False)
     cli.tool("compare", help="compare runs side by side: eval scores and training figures", handler=_compare,
              arguments=lambda p: p.add_argument("names", nargs="+", metavar="RUN", help="runs to compare"),
              description="One column per run: primary eval scores (± stderr, random baseline in the row label),\n"

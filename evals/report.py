@@ -2,7 +2,7 @@
 
     smolforge report dpo-demo          # writes runs/dpo-demo/report.html
 
-The page needs no network and no JavaScript: plots are inline SVG drawn here. It shows the
+The page needs no network and no JavaScript: plots are inline SVG (``smolforge.svg_plot``). It shows the
 run's header (stage, status, parents, wall time, abbreviated data fingerprints), promotion gate
 verdicts (``gates.json``, written by the pipeline), the eval scores of each task's primary metric
 with ±1 stderr error bars against the random baseline, the same scores along the lineage (this run
@@ -32,15 +32,14 @@ from typing import Any
 
 from smolforge.errors import RunError
 from smolforge.pipeline import score_columns
-from smolforge.runs import Run, Runs, atomic_writer, utc_now, wall_seconds
+from smolforge.runs import Run, RunLayout, Runs, atomic_writer, utc_now, wall_seconds
+from smolforge.svg_plot import Layout, Series, bar_chart
+from smolforge.svg_plot import line_chart as draw_lines
 
 from .compare import primary_scores, read_metrics, score_cell, training_figures
 
 __all__ = ["write_report", "render_report", "lineage_runs", "curve_groups", "line_chart", "bar_chart"]
 
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf")
-MAX_POINTS = 600          # per series; longer curves are thinned evenly (last point kept)
 MAX_SERIES_PER_PLOT = 8
 
 # metrics.jsonl keys that are counters or end-of-training summaries, not curves
@@ -75,47 +74,6 @@ def _num(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def _fmt(value: float) -> str:
-    """Tick/label text: 3 significant digits, scientific for tiny or huge numbers.
-
-    >>> _fmt(0.0005), _fmt(0.25), _fmt(1500.0), _fmt(0.0), _fmt(2.5e7)
-    ('5e-04', '0.25', '1500', '0', '2.5e+07')
-    """
-    if value == 0:
-        return "0"
-    if abs(value) < 1e-3 or abs(value) >= 1e6:
-        return f"{value:.1e}".replace(".0e", "e")
-    return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """About ``n`` round tick values covering [lo, hi].
-
-    >>> _ticks(0, 1), _ticks(0.2, 0.9, 3)
-    ([0.0, 0.2, 0.4, 0.6, 0.8, 1.0], [0.25, 0.5, 0.75])
-    """
-    if hi <= lo:
-        hi = lo + 1.0
-    raw = (hi - lo) / max(n, 1)
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    first = math.ceil(lo / step - 1e-9)
-    ticks = []
-    for i in range(first, first + 2 * n + 3):
-        t = float(f"{i * step:.12g}")
-        if t > hi + step * 1e-9:
-            break
-        ticks.append(t)
-    return ticks
-
-
-def _thin(points: list[tuple[float, float]], limit: int = MAX_POINTS) -> list[tuple[float, float]]:
-    if len(points) <= limit:
-        return points
-    stride = (len(points) - 1) / (limit - 1)
-    return [points[round(i * stride)] for i in range(limit)]
-
-
 def _short_hash(value: Any) -> str:
     text = str(value)
     algo, sep, digest = text.partition(":")
@@ -129,160 +87,15 @@ def _short_hash(value: Any) -> str:
 
 def line_chart(title: str, series: dict[str, list[tuple[float, float]]], xlabel: str = "step",
                width: int = 560, height: int = 300) -> str:
-    """An inline SVG line chart (one polyline per series, markers on short series, legend below).
+    """An inline SVG line chart of ``{name: [(x, y)]}`` (markers on short series, legend below);
+    ``bar_chart`` is :func:`smolforge.svg_plot.bar_chart`.
 
     >>> svg = line_chart("Loss", {"loss": [(1, 2.0), (2, 1.5)], "eval_loss": [(2, 1.7)]})
     >>> svg.startswith("<svg") and svg.count('class="series"') == 2 and "eval_loss" in svg
     True
     """
-    series = {k: _thin([(x, y) for x, y in v if _num(x) is not None and _num(y) is not None])
-              for k, v in series.items()}
-    series = {k: v for k, v in series.items() if v}
-    left, right, top, bottom = 64, 16, 28, 40
-    per_row = max(1, (width - left) // 170)
-    legend_rows = math.ceil(len(series) / per_row) if series else 0
-    total_h = height + legend_rows * 18
-    plot_w, plot_h = width - left - right, height - top - bottom
-    xs = [x for pts in series.values() for x, _ in pts] or [0.0, 1.0]
-    ys = [y for pts in series.values() for _, y in pts] or [0.0, 1.0]
-    x0, x1 = min(xs), max(xs)
-    y0, y1 = min(ys), max(ys)
-    if x1 == x0:
-        x0, x1 = x0 - 1, x1 + 1
-    if y1 == y0:
-        pad = abs(y0) * 0.1 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
-    else:
-        pad = (y1 - y0) * 0.05
-        y0, y1 = y0 - pad, y1 + pad
-
-    def px(x: float) -> float:
-        return left + (x - x0) / (x1 - x0) * plot_w
-
-    def py(y: float) -> float:
-        return top + plot_h - (y - y0) / (y1 - y0) * plot_h
-
-    out = [f'<svg class="plot line-plot" data-title="{_esc(title)}" xmlns="http://www.w3.org/2000/svg" '
-           f'viewBox="0 0 {width} {total_h}" width="{width}" height="{total_h}" role="img">',
-           f'<title>{_esc(title)}</title>',
-           f'<text x="{width / 2:.0f}" y="18" text-anchor="middle" class="ptitle">{_esc(title)}</text>',
-           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
-    for t in _ticks(y0, y1):
-        y = py(t)
-        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(t)}</text>')
-    for t in _ticks(x0, x1, 6):
-        x = px(t)
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{top + plot_h}" y2="{top + plot_h + 4}" class="axis"/>'
-                   f'<text x="{x:.1f}" y="{top + plot_h + 17}" text-anchor="middle" class="tick">{_fmt(t)}</text>')
-    out.append(f'<text x="{left + plot_w / 2:.0f}" y="{top + plot_h + 33}" text-anchor="middle" '
-               f'class="label">{_esc(xlabel)}</text>')
-    for i, (name, pts) in enumerate(series.items()):
-        color = PALETTE[i % len(PALETTE)]
-        coords = " ".join(f"{px(x):.1f},{py(y):.1f}" for x, y in pts)
-        out.append(f'<g class="series" data-series="{_esc(name)}"><title>{_esc(name)}</title>')
-        if len(pts) > 1:
-            out.append(f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="1.8"/>')
-        if len(pts) <= 60:
-            for x, y in pts:
-                out.append(f'<circle cx="{px(x):.1f}" cy="{py(y):.1f}" r="2.8" fill="{color}">'
-                           f'<title>{_esc(name)} @ {_fmt(x)}: {y:.4g}</title></circle>')
-        out.append("</g>")
-        row, col = divmod(i, per_row)
-        lx, ly = left + col * 170, height + row * 18 + 2
-        out.append(f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{color}"/>'
-                   f'<text x="{lx + 16}" y="{ly + 10}" class="legend">{_esc(name[:24])}</text>')
-    out.append("</svg>")
-    return "".join(out)
-
-
-def bar_chart(title: str, groups: Sequence[str], bars: Sequence[tuple[str, Sequence[dict | None]]],
-              width: int = 760, height: int = 320) -> str:
-    """An inline SVG grouped bar chart with ±1 stderr error bars and dashed random baselines.
-
-    ``groups`` are the categories (tasks); ``bars`` is ``[(series name, [score per group])]``
-    where a score is ``{"value", "stderr", "random"}`` or None.
-
-    >>> svg = bar_chart("Scores", ["facts/acc"], [("sft", [{"value": 0.5, "stderr": 0.1, "random": 0.125}])])
-    >>> svg.count('class="bar"'), svg.count('class="errbar"'), svg.count('class="baseline"')
-    (1, 1, 1)
-    """
-    left, right, top, bottom = 56, 16, 28, 64
-    per_row = max(1, (width - left) // 170)
-    legend_rows = math.ceil(len(bars) / per_row) if len(bars) > 1 else 0
-    total_h = height + legend_rows * 18
-    plot_w, plot_h = width - left - right, height - top - bottom
-    values = [0.0]
-    for _, scores in bars:
-        for s in scores:
-            if s:
-                values += [s["value"]] + ([s["random"]] if s.get("random") is not None else [])
-    lo, hi = min(values), max(values)
-    if lo >= 0 and hi <= 1.0:
-        hi = 1.0  # scores: the axis is [0, 1] and error bars are clipped to it
-    else:
-        tops = [s["value"] + (s.get("stderr") or 0) for _, sc in bars for s in sc if s]
-        hi, lo = max([hi, *tops]) * 1.08 if hi > 0 else 0.0, lo * 1.08 if lo < 0 else 0.0
-    if hi <= lo:
-        hi = lo + 1.0
-
-    def py(y: float) -> float:
-        return top + plot_h - (min(max(y, lo), hi) - lo) / (hi - lo) * plot_h
-
-    out = [f'<svg class="plot bar-plot" data-title="{_esc(title)}" xmlns="http://www.w3.org/2000/svg" '
-           f'viewBox="0 0 {width} {total_h}" width="{width}" height="{total_h}" role="img">',
-           f'<title>{_esc(title)}</title>',
-           f'<text x="{width / 2:.0f}" y="18" text-anchor="middle" class="ptitle">{_esc(title)}</text>',
-           f'<rect x="{left}" y="{top}" width="{plot_w}" height="{plot_h}" class="frame"/>']
-    for t in _ticks(lo, hi):
-        y = py(t)
-        out.append(f'<line x1="{left}" x2="{left + plot_w}" y1="{y:.1f}" y2="{y:.1f}" class="grid"/>'
-                   f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end" class="tick">{_fmt(t)}</text>')
-    n_groups, n_bars = max(len(groups), 1), max(len(bars), 1)
-    group_w = plot_w / n_groups
-    bar_w = min(48.0, group_w * 0.8 / n_bars)
-    for g, group in enumerate(groups):
-        gx = left + g * group_w + (group_w - bar_w * n_bars) / 2
-        out.append(f'<text x="{left + (g + 0.5) * group_w:.1f}" y="{top + plot_h + 16}" text-anchor="middle" '
-                   f'class="label">{_esc(group)}</text>')
-        baseline = None
-        for b, (name, scores) in enumerate(bars):
-            score = scores[g] if g < len(scores) else None
-            if not score:
-                continue
-            color = PALETTE[b % len(PALETTE)]
-            x = gx + b * bar_w
-            v, err = score["value"], score.get("stderr")
-            y_top, y_base = py(max(v, 0.0)), py(min(v, 0.0))
-            tip = f"{name} {group}: {v:.3f}" + (f" ± {err:.3f}" if err is not None else "")
-            out.append(f'<rect class="bar" x="{x + 1:.1f}" y="{y_top:.1f}" width="{max(bar_w - 2, 1):.1f}" '
-                       f'height="{max(y_base - y_top, 0.5):.1f}" fill="{color}" data-series="{_esc(name)}" '
-                       f'data-group="{_esc(group)}" data-value="{v:.6g}"><title>{_esc(tip)}</title></rect>')
-            cx = x + bar_w / 2
-            if err is not None and err > 0:
-                ya, yb = py(v + err), py(v - err)
-                out.append(f'<g class="errbar" data-stderr="{err:.6g}"><line x1="{cx:.1f}" x2="{cx:.1f}" '
-                           f'y1="{ya:.1f}" y2="{yb:.1f}"/><line x1="{cx - 4:.1f}" x2="{cx + 4:.1f}" y1="{ya:.1f}" '
-                           f'y2="{ya:.1f}"/><line x1="{cx - 4:.1f}" x2="{cx + 4:.1f}" y1="{yb:.1f}" y2="{yb:.1f}"/></g>')
-            out.append(f'<text x="{cx:.1f}" y="{min(y_top, py(v + (err or 0))) - 4:.1f}" text-anchor="middle" '
-                       f'class="value">{v:.2f}</text>')
-            if score.get("random") is not None:
-                baseline = score["random"]
-        if baseline is not None:
-            y = py(baseline)
-            out.append(f'<line class="baseline" data-random="{baseline:.6g}" x1="{gx - 4:.1f}" '
-                       f'x2="{gx + bar_w * n_bars + 4:.1f}" y1="{y:.1f}" y2="{y:.1f}">'
-                       f'<title>random baseline {baseline:.3f}</title></line>')
-    out.append(f'<text x="{left}" y="{top + plot_h + 36}" class="note">bars: score ± 1 stderr; '
-               f'dashed: random baseline</text>')
-    if len(bars) > 1:
-        for i, (name, _) in enumerate(bars):
-            row, col = divmod(i, per_row)
-            lx, ly = left + col * 170, height + row * 18 - 8
-            out.append(f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{PALETTE[i % len(PALETTE)]}"/>'
-                       f'<text x="{lx + 16}" y="{ly + 10}" class="legend">{_esc(name[:24])}</text>')
-    out.append("</svg>")
-    return "".join(out)
+    return draw_lines(title, [Series(name, points) for name, points in series.items()], xlabel=xlabel,
+                      layout=Layout(width=width, height=height))
 
 
 # --------------------------------------------------------------------------- the data
@@ -387,7 +200,7 @@ def _suites(run: Run) -> list[dict]:
 
 
 def _gates(run: Run) -> dict | None:
-    path = run.path / "gates.json"
+    path = run.gates_path
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -406,11 +219,6 @@ th{background:#f5f5f5} td.num{text-align:right;font-variant-numeric:tabular-nums
 .pass{color:#2ca02c;font-weight:600} .fail{color:#d62728;font-weight:600} .up{color:#2ca02c} .down{color:#d62728}
 .plots{display:grid;grid-template-columns:repeat(auto-fill,minmax(560px,1fr));gap:12px}
 svg.plot{background:#fff;max-width:100%;height:auto}
-svg .frame{fill:none;stroke:#bbb} svg .grid{stroke:#eee} svg .axis{stroke:#999}
-svg .tick{font-size:10px;fill:#555} svg .label{font-size:11px;fill:#333} svg .legend{font-size:11px;fill:#333}
-svg .ptitle{font-size:13px;font-weight:600;fill:#222} svg .value{font-size:10px;fill:#333}
-svg .note{font-size:10px;fill:#777;font-style:italic} svg .errbar line{stroke:#222;stroke-width:1.2}
-svg .baseline{stroke:#444;stroke-width:1.5;stroke-dasharray:5 3}
 code,pre{font-family:ui-monospace,Menlo,Consolas,monospace;font-size:12px} pre{background:#f7f7f7;padding:8px;overflow:auto}
 """
 
@@ -449,7 +257,8 @@ def _header(run: Run, runs: Runs) -> str:
     parents = []
     for ref in run.parents:
         sibling = run.path.parent / ref
-        link = f"../{ref}/report.html" if (sibling / "report.html").is_file() and "/" not in ref else None
+        report = RunLayout(sibling).report_path
+        link = f"../{ref}/{report.name}" if report.is_file() and "/" not in ref else None
         parents.append(f'<a href="{_esc(link)}">{_esc(ref)}</a>' if link else _esc(ref))
     status = str(run.status)
     rows = [
@@ -618,7 +427,7 @@ def write_report(run: Run, runs: Runs) -> Path:
     Returns the path of the page; see the module docstring for an example.
     """
     page = render_report(run, runs)
-    path = run.path / "report.html"
+    path = run.report_path
     with atomic_writer(path) as fh:
         fh.write(page)
     return path

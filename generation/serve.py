@@ -70,7 +70,7 @@ def serve(runs: Runs, run_ref: str, *, host: str = "127.0.0.1", port: int | None
         raise RunError(f"run '{run.name}' (stage {run.stage}) has no model/ to serve")
     check_model_folder(run.model_dir, f"run '{run.name}'")
     server = VLLMServer(run.model_dir, served_name=served_name_for(run.name, name), host=host, port=port,
-                        max_model_len=max_model_len, log_path=run.path / "serve" / "vllm.log",
+                        max_model_len=max_model_len, log_path=run.serve_log_path,
                         ready_timeout=ready_timeout, api_key=api_key, extra_args=list(extra_args))
 
     def start() -> None:

@@ -26,6 +26,7 @@ from smolforge.data.packing import pack_documents
 from smolforge.data.schemas import load_many
 from smolforge.data.tokenizer import DOC_SEPARATOR
 from smolforge.errors import DataError
+from smolforge.runs import RunLayout
 
 if TYPE_CHECKING:
     import torch
@@ -45,9 +46,10 @@ def load_domains(data_run_path: Path, tokenizer, seq_len: int,
     if whole_documents:
         return (in_memory(pack_shards(data_run_path, tokenizer, seq_len, whole_documents=True), seq_len),
                 f"packed at load, documents kept whole (seq_len {seq_len})")
-    meta = packed_meta(data_run_path / "packed")
+    packed = RunLayout(data_run_path).packed_dir
+    meta = packed_meta(packed)
     if meta is not None and meta["seq_len"] == seq_len:
-        domains = load_packed(data_run_path / "packed")
+        domains = load_packed(packed)
         for domain, rows in domains.items():
             if not len(rows):
                 raise DataError(f"{data_run_path}: domain '{domain}' holds fewer than seq_len={seq_len} tokens; "

@@ -4,7 +4,7 @@ playbook's troubleshooting table applied to a run's metrics).
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
-    >>> sorted(cli.tools), cli.stages["pretrain"].example.split()[:2]
+    >>> sorted(cli.tools), cli.stages["pretrain"].spec.example.split()[:2]
     (['burnin', 'doctor', 'plan'], ['smolforge', 'pretrain'])
 """
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from smolforge.commands import Commands, Context
+from smolforge.commands import Commands, Context, StageSpec
 
 
 def _plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,8 +79,9 @@ def _doctor(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
 
 
 def register(cli: Commands) -> None:
-    cli.stage("pretrain", example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine",
-              lr_find="smolforge.pretrain.lr_find")   # `smolforge lr-find` on pretrain recipes
+    cli.stage(StageSpec("pretrain", "smolforge.pretrain.stage", makes_model=True, trains=True,
+                        example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine",
+                        lr_find="smolforge.pretrain.lr_find"))
     cli.tool(
         "plan", help="plan a run or a folder of recipes (FLOPs, GPU-hours, days, cost, memory)", handler=_plan,
         arguments=_plan_arguments,

@@ -45,7 +45,7 @@ def lr_find(recipe: Recipe, runs: Runs, sweep: Sweep) -> Run:
     data_run, tokenizer, domains = load_data(swept, runs)
     parents = [data_run] + ([runs.get(recipe.init)] if recipe.init else [])
     with distributed() as (deepspeed, rank, world), sweep.run(runs, "pretrain", recipe, parents) as run:
-        loop = Loop(swept, run, deepspeed, tokenizer, domains, rank, world, schedule=sweep.multiplier)
+        loop = Loop(swept, runs, run, deepspeed, tokenizer, domains, rank, world, schedule=sweep.multiplier)
         bar = tqdm(total=sweep.steps, desc=f"lr-find {recipe.name}", unit="step")
         try:
             loop.engine.train()

@@ -504,12 +504,13 @@ def _ppo_model(model: str | Path | None, data: dict, runs_dir: str | Path | None
     """(shape, vocabulary, parameters, where from) of the PPO recipe's model."""
     if model is None:
         parent = data.get("parent")
-        from smolforge.runs import runs_root
+        from smolforge.runs import RunLayout, runs_root
 
         root = Path(runs_dir) if runs_dir is not None else runs_root()
         for folder in ([root / str(parent), Path(str(parent))] if parent else []):
-            if (folder / "model" / "config.json").is_file():
-                return _hf_model(folder / "model" / "config.json")
+            config = RunLayout(folder).model_dir / "config.json"
+            if config.is_file():
+                return _hf_model(config)
         raise RecipeError(f"the PPO recipe's model shape is unknown: its parent run '{parent}' has no "
                           f"model/config.json under {root}/; pass --model (a pretrain recipe such as "
                           "recipes/smollm3-3b/pretrain.yaml, or a HF config.json or model folder)")

@@ -149,10 +149,10 @@ def _model(path: str | Path, parent: str | None, *, model: Any, runs_dir: Any, v
         names = " → ".join(f.name for f, _ in lineage)
         return {"shape": shape, "vocab": vocab_n, "params": _count_parameters(shape, vocab_n),
                 "source": f"{names} (model: of {roots[-1].name}, vocab {vocab_n})", "lineage": [f.name for f, _ in lineage]}
-    from smolforge.runs import runs_root
+    from smolforge.runs import RunLayout, runs_root
 
     root = Path(runs_dir) if runs_dir is not None else runs_root()
-    config = root / str(parent) / "model" / "config.json"
+    config = RunLayout(root / str(parent)).model_dir / "config.json"
     if parent and config.is_file():
         shape, vocab_n, params, where = _hf_model(config)
         return {"shape": shape, "vocab": vocab_n, "params": params, "source": where, "lineage": []}
@@ -200,10 +200,10 @@ def _tokens(stage: str, data: dict, trainer: dict, *, tokens: Any, gpus: int | N
 
 def _data_tokens(name: str, kind: str, runs_dir: Any, source: str, steps: int) -> tuple[float, str]:
     """Tokens in one pass over a data run's ``kind`` rows: its data card, else the published figure."""
-    from smolforge.runs import runs_root
+    from smolforge.runs import RunLayout, runs_root
 
     root = Path(runs_dir) if runs_dir is not None else runs_root()
-    card = root / name / "data_card.json"
+    card = RunLayout(root / name).data_card_path
     if card.is_file():
         counted = (json.loads(card.read_text(encoding="utf-8")).get("tokens") or {}).get(kind)
         if counted:

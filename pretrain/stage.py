@@ -38,7 +38,7 @@ from smolforge.errors import Preempted, RecipeError, RunError
 from smolforge.model_folder import check_model_folder
 from smolforge.profiling import ProfileSpec, StepProfiler, check_profile
 from smolforge.recipe import FRACTION, build, to_dict
-from smolforge.runs import Run, Runs
+from smolforge.runs import Run, Runs, unfinished_run
 from smolforge.tracking import TrackingSpec
 
 from . import checkpoint as ckpt
@@ -132,7 +132,7 @@ def _domains_in(data_run: Run) -> list[str]:
 
 
 def data_card(data_run: Run) -> dict:
-    path = data_run.path / "data_card.json"
+    path = data_run.data_card_path
     return json.loads(path.read_text()) if path.is_file() else {}
 
 
@@ -150,7 +150,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     data_run = runs.get(recipe.data)
     if not kind_files(data_run.path, "pretrain"):
         raise RecipeError(f"data: run '{data_run.name}' has no data/pretrain/ shards (is it a data run? stage {data_run.stage})")
-    if not (data_run.path / "tokenizer" / "tokenizer_config.json").is_file():
+    if not (data_run.tokenizer_dir / "tokenizer_config.json").is_file():
         raise RecipeError(f"data: run '{data_run.name}' has no tokenizer/ (is it a data run? stage {data_run.stage})")
     adopt_data_mixture(recipe, data_run)
     max_positions = m.max_position_embeddings
@@ -204,7 +204,7 @@ def check_init(recipe: Recipe, runs: Runs, data_run: Run) -> int:
         config = AutoConfig.from_pretrained(parent.model_dir)
     except (OSError, ValueError) as exc:
         raise RecipeError(f"init: {parent.model_dir}/config.json cannot be read: {exc}") from None
-    vocab = len(AutoTokenizer.from_pretrained(data_run.path / "tokenizer"))
+    vocab = len(AutoTokenizer.from_pretrained(data_run.tokenizer_dir))
     if config.vocab_size < vocab:
         raise RecipeError(f"init: run '{parent.name}' has a vocabulary of {config.vocab_size}; data run "
                           f"'{data_run.name}''s tokenizer has {vocab} tokens (continue on data made with the "
@@ -255,18 +255,12 @@ def resume_point(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
 
 def _decide_resume(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
     """:func:`resume_point` as rank 0 works it out (hashing the checkpoints it tries)."""
-    path = runs.root / recipe.name
-    if overwrite or not (path / "run.json").is_file():
+    run = unfinished_run(runs.root / recipe.name, overwrite=overwrite)
+    if run is None:
         return None
-    status = Run(path).status
-    if status == "queued":  # `smolforge launch` queued it; this is its first start
-        return None
-    if status == "done":
-        raise RunError(f"run '{recipe.name}' already exists (status done) at {path}; "
-                       "pass --overwrite or choose another name")
-    found = ckpt.newest_valid(path / "checkpoints")
+    found = ckpt.newest_valid(run.checkpoints_dir)
     if recipe.checkpoint.resume == "never" or found is None:
-        raise RunError(f"run '{recipe.name}' exists unfinished (status {status}) "
+        raise RunError(f"run '{recipe.name}' exists unfinished (status {run.status}) "
                        f"{'with' if found else 'without'} a usable checkpoint; "
                        + ("set checkpoint.resume: auto to resume it, " if found else "")
                        + "or pass --overwrite to start over")
@@ -282,7 +276,7 @@ def load_data(recipe: Recipe, runs: Runs) -> tuple[Run, object, dict]:
 
     data_run = runs.get(recipe.data)
     adopt_data_mixture(recipe, data_run)
-    tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(data_run.tokenizer_dir)
     domains, how = load_domains(data_run.path, tokenizer, recipe.train.seq_len, recipe.train.whole_documents)
     log.info("pretrain data: %s", how)
     return data_run, tokenizer, domains
@@ -301,7 +295,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         barrier()
         if rank != 0:
             run = Run(runs.root / recipe.name)
-        Loop(recipe, run, deepspeed, tokenizer, domains, rank, world).train(resume_from)
+        Loop(recipe, runs, run, deepspeed, tokenizer, domains, rank, world).train(resume_from)
         barrier()
     return run.reload()
 
@@ -320,10 +314,11 @@ def effective_zero_stage(t: TrainSpec, world: int) -> int:
 class Loop:
     """load → setup → train; the step body is in :meth:`train` and fits on a screen."""
 
-    def __init__(self, recipe: Recipe, run: Run, deepspeed, tokenizer, domains: dict, rank: int, world: int,
-                 schedule: Callable[[int], float] | None = None):
-        """``schedule``: the LR as a multiple of ``train.learning_rate`` by 0-based optimizer step;
-        default the recipe's warmup and decay (the LR range test passes an exponential one)."""
+    def __init__(self, recipe: Recipe, runs: Runs, run: Run, deepspeed, tokenizer, domains: dict, rank: int,
+                 world: int, schedule: Callable[[int], float] | None = None):
+        """``runs``: where the recipe's ``init:`` run is found. ``schedule``: the LR as a multiple of
+        ``train.learning_rate`` by 0-based optimizer step; default the recipe's warmup and decay (the LR
+        range test passes an exponential one)."""
         import torch
 
         from .flops import flops_per_token, peak_flops
@@ -335,7 +330,7 @@ class Loop:
         self.rank, self.world, self.t = rank, world, recipe.train
         t = self.t
         if recipe.init:
-            model = continued_model(Runs(run.path.parent).get(recipe.init).model_dir, recipe.context)
+            model = continued_model(runs.get(recipe.init).model_dir, recipe.context)
         else:
             model = build_model(recipe.model, len(tokenizer), seed=t.seed, pad_token_id=tokenizer.pad_token_id,
                                 eos_token_id=tokenizer.eos_token_id)

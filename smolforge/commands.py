@@ -3,10 +3,12 @@
 A command module (listed in :data:`smolforge.registry.COMMAND_MODULES`) imports only the stdlib
 and the spine, and has ``register(cli: Commands) -> None``. In it a package
 
-- shapes the subcommand of one of its stages (``cli.stage``): an example for ``--help``, extra
-  arguments, and a handler that prepares the arguments and then calls :func:`run_stage`; and,
-  where the stage can run a learning-rate range test, the module that does it (``lr_find=``,
-  used by ``smolforge lr-find``, :mod:`smolforge.lr_range`);
+- declares each of its stages, once (``cli.stage(StageSpec(...))``): its name, its module, whether
+  its runs hold a model and whether it trains, an example for ``--help``, and, where the stage can
+  run a learning-rate range test, the module that does it (used by ``smolforge lr-find``,
+  :mod:`smolforge.lr_range`); the registry, the pipeline runner and the CLI read these; beside the
+  spec, the stage's subcommand may get extra arguments and a handler that prepares the arguments
+  and then calls :func:`run_stage`;
 - adds a tool command (``cli.tool``): ``plan``, ``compare``, ``serve``…, with its arguments and
   its handler;
 - says which of the metrics its stages write are pipeline-summary scores (``cli.summary``).
@@ -16,10 +18,13 @@ Handlers take ``(args, extras, ctx)`` and return the exit code; they import what
 A stage nobody shapes (a plugin from ``$SMOLFORGE_EXTRA_STAGES``) gets the plain stage command.
 
     >>> cli = Commands()
+    >>> cli.stage(StageSpec("toy", "mypkg.toy_stage", makes_model=True))
     >>> cli.tool("hello", help="say hello", examples=["smolforge hello"], handler=lambda a, e, c: 0)
     >>> cli.summary(show=["toy/score"], hide=["toy/*"])
     >>> sorted(cli.tools), cli.is_summary_metric("toy/score"), cli.is_summary_metric("toy/seconds")
     (['hello'], True, False)
+    >>> cli.stages["toy"].spec.module
+    'mypkg.toy_stage'
 """
 from __future__ import annotations
 
@@ -34,8 +39,8 @@ from typing import Any
 
 from smolforge.errors import RecipeError
 
-__all__ = ["Commands", "Context", "StageCommand", "ToolCommand", "run_stage", "report_run", "close_option",
-           "extra_overrides", "epilog"]
+__all__ = ["Commands", "Context", "StageSpec", "StageCommand", "ToolCommand", "run_stage", "report_run",
+           "close_option", "extra_overrides", "epilog"]
 
 
 @dataclasses.dataclass
@@ -57,17 +62,34 @@ Handler = Callable[[argparse.Namespace, list[str], Context], int]
 Arguments = Callable[[argparse.ArgumentParser], None]
 
 
+@dataclasses.dataclass(frozen=True)
+class StageSpec:
+    """A stage, as its package declares it: the one place its name, module and traits are written.
+
+    >>> spec = StageSpec("sft", "smolforge.alignment.sft", makes_model=True, trains=True)
+    >>> spec.module, spec.example
+    ('smolforge.alignment.sft', None)
+    """
+
+    name: str
+    module: str                    # dotted name of the module with Recipe, validate and run
+    makes_model: bool = False      # its runs hold a causal LM in model/: a pipeline evaluates it
+    trains: bool = False           # a training loop: a pipeline's launch: starts it; an ablation may vary it
+    example: str | None = None     # shown under --help
+    lr_find: str | None = None     # dotted module whose lr_find(recipe, runs, sweep) runs
+                                   # `smolforge lr-find` on this stage's recipes (smolforge.lr_range)
+
+
 @dataclasses.dataclass
 class StageCommand:
-    name: str
-    example: str | None = None                 # shown under --help
+    """A stage's subcommand: its spec and how its command line differs from the plain one."""
+
+    spec: StageSpec
     examples: Sequence[str] = ()               # replace the two default examples under --help
     arguments: Arguments | None = None         # adds the stage's own arguments
     handler: Handler | None = None             # default: run_stage
     config_required: bool = True               # --config must be given
     usage: str | None = None                   # replaces the default description's first line
-    lr_find: str | None = None                 # dotted module whose lr_find(recipe, runs, sweep) runs
-                                               # `smolforge lr-find` on this stage's recipes (smolforge.lr_range)
 
 
 @dataclasses.dataclass
@@ -80,6 +102,7 @@ class ToolCommand:
     arguments: Arguments | None = None
     takes_extras: bool = False                 # unknown options reach the handler instead of an error
     takes_passthrough: bool = False            # what follows '--' reaches the handler (args.passthrough)
+    before_stages: bool = False                # listed above the stages in --help (as pipeline is)
 
 
 def epilog(*lines: str) -> str:
@@ -96,8 +119,11 @@ class Commands:
         self._show: list[str] = []
         self._hide: list[str] = []
 
-    def stage(self, name: str, **fields: Any) -> None:
-        self.stages[name] = StageCommand(name, **fields)
+    def stage(self, spec: StageSpec, **shape: Any) -> None:
+        """Declare a stage; ``shape`` holds :class:`StageCommand`'s fields for its subcommand."""
+        if spec.name in self.stages:
+            raise RecipeError(f"stage '{spec.name}' is registered twice")
+        self.stages[spec.name] = StageCommand(spec, **shape)
 
     def tool(self, name: str, **fields: Any) -> None:
         if name in self.tools:
@@ -232,27 +258,27 @@ def report_run(module: Any, run: Any, ctx: Context) -> None:
     print(f"run {run.name} {run.status or 'done'} → {run.path}")
 
 
-def add_stage_parser(sub, spec: StageCommand, dotted: str, formatter) -> argparse.ArgumentParser:
+def add_stage_parser(sub, command: StageCommand, dotted: str, formatter) -> argparse.ArgumentParser:
     """The subcommand of one stage: --config, --set, --overwrite and the stage's own arguments."""
-    name = spec.name
-    example = spec.example or f"smolforge {name} --config my-{name}.yaml"
+    name = command.spec.name
+    example = command.spec.example or f"smolforge {name} --config my-{name}.yaml"
     parser = sub.add_parser(
         name, help=f"run the {name} stage ({dotted})",
-        description=(spec.usage or f"Run the {name} stage from a recipe whose top level has 'stage: {name}'.")
+        description=(command.usage or f"Run the {name} stage from a recipe whose top level has 'stage: {name}'.")
         + "\nExtra --key value pairs become overrides: trainer.key=value when the stage recipe has a trainer "
         "field\n(a TRL config) and key is not a top-level field, else key=value.",
         formatter_class=formatter,
-        epilog=epilog(*(spec.examples or (example, f"smolforge {name} --config my-{name}.yaml --name my-run"))),
+        epilog=epilog(*(command.examples or (example, f"smolforge {name} --config my-{name}.yaml --name my-run"))),
         allow_abbrev=False,  # so TRL-style extras are never mistaken for our options
     )
-    if spec.arguments is not None:
-        spec.arguments(parser)
-    parser.add_argument("--config", required=spec.config_required, metavar="FILE", help="stage recipe YAML")
+    if command.arguments is not None:
+        command.arguments(parser)
+    parser.add_argument("--config", required=command.config_required, metavar="FILE", help="stage recipe YAML")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
     parser.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
     parser.add_argument("--result-json", help=argparse.SUPPRESS)  # written for the pipeline runner
-    parser.set_defaults(handler=spec.handler or _plain_stage, takes_extras=True)
+    parser.set_defaults(handler=command.handler or _plain_stage, takes_extras=True)
     return parser
 
 

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import html
 import json
 import math
 import os
@@ -51,12 +50,12 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.svg_plot import Band, Layout, Mark, Series, line_chart, padded
 
 __all__ = ["Sweep", "exponential_lrs", "check_range", "half_window", "smooth", "divergence", "slopes", "suggest",
            "svg_plot", "fmt_lr", "summary", "add_arguments", "command", "STAGE", "RULE", "DIVERGE_FACTOR"]
 
 STAGE = "lr-find"                 # the stage recorded in the sweep's run.json
-PLOT_FILE, RESULT_FILE = "lr_find.svg", "lr_find.json"
 DIVERGE_FACTOR = 4.0              # stop when the smoothed loss exceeds this x its minimum so far
 RULES = {
     "minimum/10": "one tenth of the LR at the smoothed loss's minimum",
@@ -221,20 +220,9 @@ def fmt_lr(lr: float | None) -> str:
 
 # --------------------------------------------------------------------------- the plot
 
-WIDTH, HEIGHT = 640, 340
-LEFT, RIGHT, TOP, BOTTOM = 60, 20, 30, 44
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """Round tick values covering [lo, hi] (about ``n``)."""
-    raw = (hi - lo) / max(n, 1) or 1.0
-    mag = 10 ** math.floor(math.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    ticks, t = [], math.ceil(lo / step) * step
-    while t <= hi + step * 1e-9:
-        ticks.append(float(f"{t:.12g}"))
-        t += step
-    return ticks
+LAYOUT = Layout(width=640, height=340, left=60, right=20, top=30, bottom=44, kind="lr-find", standalone=True,
+                legend_col=190, legend_chars=None)
+LOSS_COLOR, SMOOTHED_COLOR = "#9db4d0", "#1d3557"
 
 
 def svg_plot(lrs: Sequence[float], losses: Sequence[float], smoothed: Sequence[float],
@@ -247,73 +235,16 @@ def svg_plot(lrs: Sequence[float], losses: Sequence[float], smoothed: Sequence[f
     >>> svg.startswith("<svg") and svg.count('class="series"') == 2 and svg.count('class="mark"') == 1
     True
     """
-    n = len(smoothed)
     raw = [(lr, loss) for lr, loss in zip(lrs, losses) if math.isfinite(loss)]
-    x0, x1 = math.log10(lrs[0]), math.log10(lrs[-1] if len(lrs) > 1 else lrs[0] * 10)
     ys = [y for _, y in raw] or [0.0, 1.0]
-    y0 = min(ys)
-    y1 = max(smoothed) if smoothed else max(ys)  # a blow-up past the smoothed curve is clipped at the top
-    y1 = max(y1, y0 + 1e-6)
-    pad = (y1 - y0) * 0.06
-    y0, y1 = y0 - pad, y1 + pad
-    plot_w, plot_h = WIDTH - LEFT - RIGHT, HEIGHT - TOP - BOTTOM
-    legend = [("loss", "#9db4d0"), ("smoothed", "#1d3557")] + [(label, color) for label, _, color in marks]
-    if band:
-        legend.append((band[0], "#b7e4c7"))
-    per_row = 3
-    total_h = HEIGHT + math.ceil(len(legend) / per_row) * 18 + 6
-
-    def px(lr: float) -> float:
-        return LEFT + (math.log10(lr) - x0) / (x1 - x0) * plot_w
-
-    def py(y: float) -> float:
-        return TOP + plot_h - (min(max(y, y0), y1) - y0) / (y1 - y0) * plot_h
-
-    esc = html.escape
-    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="plot lr-find" viewBox="0 0 {WIDTH} {total_h}" '
-           f'width="{WIDTH}" height="{total_h}" font-family="sans-serif" role="img">',
-           f'<title>{esc(title)}</title>',
-           f'<rect x="0" y="0" width="{WIDTH}" height="{total_h}" fill="#fff"/>',
-           f'<text x="{WIDTH / 2:.0f}" y="19" text-anchor="middle" font-size="13" font-weight="600" '
-           f'fill="#222">{esc(title)}</text>']
-    if band:
-        lo, hi = px(max(band[1], lrs[0])), px(min(band[2], lrs[-1]))
-        if hi > lo:
-            out.append(f'<rect class="band" x="{lo:.1f}" y="{TOP}" width="{hi - lo:.1f}" height="{plot_h}" '
-                       f'fill="#b7e4c7" fill-opacity="0.6"><title>{esc(band[0])}: {fmt_lr(band[1])} - '
-                       f'{fmt_lr(band[2])}</title></rect>')
-    for t in _ticks(y0, y1):
-        y = py(t)
-        out.append(f'<line x1="{LEFT}" x2="{LEFT + plot_w}" y1="{y:.1f}" y2="{y:.1f}" stroke="#eee"/>'
-                   f'<text x="{LEFT - 6}" y="{y + 4:.1f}" text-anchor="end" font-size="10" fill="#555">{t:g}</text>')
-    for e in range(math.ceil(x0 - 1e-9), math.floor(x1 + 1e-9) + 1):
-        x = px(10.0 ** e)
-        out.append(f'<line x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" stroke="#eee"/>'
-                   f'<text x="{x:.1f}" y="{TOP + plot_h + 16}" text-anchor="middle" font-size="10" '
-                   f'fill="#555">{fmt_lr(10.0 ** e)}</text>')
-    out.append(f'<rect x="{LEFT}" y="{TOP}" width="{plot_w}" height="{plot_h}" fill="none" stroke="#bbb"/>')
-    out.append(f'<text x="{LEFT + plot_w / 2:.0f}" y="{TOP + plot_h + 34}" text-anchor="middle" font-size="11" '
-               f'fill="#333">learning rate (log scale)</text>'
-               f'<text x="14" y="{TOP + plot_h / 2:.0f}" text-anchor="middle" font-size="11" fill="#333" '
-               f'transform="rotate(-90 14 {TOP + plot_h / 2:.0f})">loss</text>')
-    for name, points, color, width in (("loss", raw, "#9db4d0", 1.2),
-                                       ("smoothed", list(zip(lrs[:n], smoothed)), "#1d3557", 2.2)):
-        coords = " ".join(f"{px(lr):.1f},{py(y):.1f}" for lr, y in points)
-        out.append(f'<g class="series" data-series="{name}"><title>{name}</title>'
-                   f'<polyline points="{coords}" fill="none" stroke="{color}" stroke-width="{width}"/></g>')
-    for label, lr, color in marks:
-        if lrs[0] <= lr <= lrs[-1]:
-            x = px(lr)
-            out.append(f'<line class="mark" x1="{x:.1f}" x2="{x:.1f}" y1="{TOP}" y2="{TOP + plot_h}" '
-                       f'stroke="{color}" stroke-width="1.6" stroke-dasharray="5 3">'
-                       f'<title>{esc(label)}</title></line>')
-    for i, (label, color) in enumerate(legend):
-        row, col = divmod(i, per_row)
-        lx, ly = LEFT + col * 190, HEIGHT + row * 18
-        out.append(f'<rect x="{lx}" y="{ly}" width="12" height="12" fill="{color}"/>'
-                   f'<text x="{lx + 16}" y="{ly + 10}" font-size="11" fill="#333">{esc(label)}</text>')
-    out.append("</svg>")
-    return "".join(out)
+    top = max(smoothed) if smoothed else max(ys)  # a blow-up past the smoothed curve is clipped at the top
+    series = [Series("loss", raw, LOSS_COLOR, width=1.2, markers=False),
+              Series("smoothed", list(zip(lrs, smoothed)), SMOOTHED_COLOR, width=2.2, markers=False)]
+    return line_chart(title, series, xlabel="learning rate (log scale)", ylabel="loss", log_x=True,
+                      x_range=(lrs[0], lrs[-1] if len(lrs) > 1 else lrs[0] * 10),
+                      y_range=padded(min(ys), max(top, min(ys) + 1e-6), 0.06),
+                      marks=[Mark(*mark) for mark in marks], band=Band(*band) if band else None,
+                      x_format=fmt_lr, layout=LAYOUT)
 
 
 # --------------------------------------------------------------------------- the sweep
@@ -371,7 +302,7 @@ class Sweep:
 
         name = f"lrfind-{recipe.name}"
         path = runs.root / name
-        if (path / "run.json").is_file():
+        if runs.exists(name):
             existing = runs.get(name, require_done=False)
             if existing.stage != STAGE:
                 raise RunError(f"run '{name}' exists and is a {existing.stage} run, not an lr-find sweep; "
@@ -412,7 +343,7 @@ class Sweep:
         band = None
         if window and window.get("low") is not None:
             band = (f"window {fmt_lr(window['low'])}-{fmt_lr(window['high'])}", window["low"], window["high"])
-        plot = run.path / PLOT_FILE
+        plot = run.lr_find_plot_path
         with atomic_writer(plot) as fh:
             fh.write(svg_plot(self.seen_lrs, self.losses, found["smoothed"], marks, band,
                               title=f"LR range test: {recipe_name} ({stage})"))
@@ -422,7 +353,7 @@ class Sweep:
                   **found, "recipe_lr": recipe_lr, "plot": str(plot)}
         if window is not None:
             result["window"] = window
-        write_json_atomic(run.path / RESULT_FILE, result)
+        write_json_atomic(run.lr_find_result_path, result)
         metrics = {"lr_find/suggested_lr": found["suggestion"], "lr_find/min_loss_lr": found["min_loss_lr"],
                    "lr_find/steps": len(self.losses)}
         metrics.update({f"lr_find/{key}": found[key] for key in ("steepest_lr", "diverged_lr") if found[key]})
@@ -489,13 +420,13 @@ def command(args: argparse.Namespace, ctx) -> int:
     import importlib
 
     from smolforge import recipe as recipes
-    from smolforge.registry import commands, load_stage
+    from smolforge.registry import load_stage, stage_specs
 
     sweep = Sweep(args.min, args.max, args.steps)
     if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:
         raise RecipeError("lr-find runs in one process (a short test at small scale); run it without a launcher")
     stage, data = recipes.load_recipe(args.config, args.set)
-    finders = {name: spec.lr_find for name, spec in commands().stages.items() if spec.lr_find}
+    finders = {name: spec.lr_find for name, spec in stage_specs().items() if spec.lr_find}
     if stage not in finders:
         raise RecipeError(f"{args.config}: lr-find sweeps {' and '.join(sorted(finders))} recipes; "
                           f"this one is for stage '{stage}'")

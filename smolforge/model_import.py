@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any
 
 from smolforge.errors import RecipeError, RunError
-from smolforge.runs import Run, Runs, file_fingerprint
+from smolforge.runs import Run, Runs, file_fingerprint, is_run
 
 __all__ = ["ModelFolder", "inspect_folder", "import_model", "is_hub_id", "is_model_folder", "resolve_source",
            "check_source", "read_safetensors_header", "summary", "HUB_PATTERNS", "PACKAGE_PREFIX"]
@@ -111,7 +111,7 @@ def is_model_folder(path: str | Path) -> bool:
     (True, False)
     """
     path = Path(path)
-    return (path / "config.json").is_file() and not (path / "run.json").exists()
+    return (path / "config.json").is_file() and not is_run(path)
 
 
 def resolve_source(source: str | Path) -> str | Path:
@@ -271,7 +271,7 @@ def inspect_folder(path: str | Path, *, trust_remote_code: bool = False, hub: st
     listing = {p.name for p in entries if p.is_file()}
     if "config.json" not in listing:
         hint = ""
-        if "run.json" in listing:
+        if is_run(path):
             hint = "; it is a smolforge run already: use it as a parent directly (or import its model/)"
         raise RunError(f"'{path}' is not a Hugging Face model folder: no config.json{hint}")
     config = _read_json(path / "config.json", "config.json")
@@ -394,7 +394,7 @@ def import_model(runs: Runs, source: str | Path, name: str, *, revision: str | N
     _check_name(name)
     given, source = str(source), resolve_source(source)
     target = runs.root / name
-    if (target / "run.json").exists() and not overwrite:
+    if runs.exists(target) and not overwrite:
         try:
             status = Run(target).status
         except RunError:

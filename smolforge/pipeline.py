@@ -78,10 +78,8 @@ from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
 from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command, remove_shm_buffers
 from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
 from smolforge.processes import exit_text, free_port, run_showing_output
-from smolforge.registry import EVAL_STAGE, MODEL_STAGES, commands, stages, unknown_stage_message
-
-TRAINING_STAGES = (*(s for s in MODEL_STAGES if s not in ("merge", "import")), "reward")  # what a pipeline-level launch: starts
-from smolforge.runs import Run, Runs, utc_now, wall_seconds, write_json_atomic
+from smolforge.registry import EVAL_STAGE, commands, model_stages, stages, training_stages, unknown_stage_message
+from smolforge.runs import Run, RunLayout, Runs, utc_now, wall_seconds, write_json_atomic
 from smolforge.table import print_table
 
 __all__ = ["Step", "Pipeline", "load_pipeline", "run_pipeline", "summary", "score_columns"]
@@ -248,7 +246,7 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
     if data.get("launch") is not None:
         default = LaunchSpec.parse(data["launch"], f"{source}:", base)
         for step in steps:
-            if step.launch is None and step.stage in TRAINING_STAGES:
+            if step.launch is None and step.stage in training_stages():
                 step.launch = default
 
     present = {s.stage for s in steps} | ({EVAL_STAGE} if eval_recipes else set())
@@ -367,7 +365,7 @@ def carries_its_evals(step: Step) -> bool:
     """
     engine_possible = (step.stage in ONLINE_RL_STAGES and step.recipe.get("generation", "auto") != "hf"
                        and gpu_device_present())
-    return step.stage in MODEL_STAGES and not engine_possible and step.launch is None and step.name is not None
+    return step.stage in model_stages() and not engine_possible and step.launch is None and step.name is not None
 
 
 def gpu_device_present() -> bool:
@@ -487,7 +485,7 @@ def run_pipeline(
             if result.code != 0:
                 _print_summary(summary(done, root), as_json, out)
                 raise RunError(_step_failure(step, result, root))
-            if step.stage in MODEL_STAGES and pipeline.evals and name and id(step) not in carrying:
+            if step.stage in model_stages() and pipeline.evals and name and id(step) not in carrying:
                 follows = pipeline.eval_steps(step, name)
                 follows[-1].gates, follows[-1].gates_of = step.gates, step  # gates wait for every score
                 queue[:0] = follows
@@ -511,7 +509,7 @@ def _step_failure(step: Step, result: StepResult, root: Path) -> str:
     """The pipeline's error for a failed step: where to look, or what the step printed last."""
     what = f"stage {step.stage}, run {result.name}" if result.name else f"stage {step.stage}"
     head = f"pipeline {step.label} ({what}) {exit_text(result.code)}"
-    record = root / result.name / "run.json" if result.name else None
+    record = RunLayout(root / result.name).json_path if result.name else None
     record = record if record is not None and record.is_file() else None
     if result.reported:
         return f"{head}; see the output above" + (f" and {record}" if record else "")
@@ -536,7 +534,7 @@ def _check_step_gates(step: Step, target: str, root: Path, out: TextIO) -> list[
     runs = Runs(root)
     run = runs.get(target, require_done=False)
     results = check_gates(run, runs, step.gates)
-    write_json_atomic(run.path / "gates.json", {
+    write_json_atomic(run.gates_path, {
         "run": run.name, "step": (step.gates_of or step).label, "checked_at": utc_now(),
         "passed": not failures(results), "results": [r.to_dict() for r in results]})
     print(f"gates on {run.name}:", file=out)

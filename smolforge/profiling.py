@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from smolforge.errors import RecipeError
+from smolforge.runs import RunLayout
 
 __all__ = ["ProfileSpec", "StepProfiler", "check_profile", "is_communication", "union_length", "time_split",
            "profile_window", "top_operators", "summarize", "print_summary"]
@@ -203,7 +204,7 @@ class StepProfiler:
 
     def __init__(self, spec: ProfileSpec, run_dir: str | Path, rank: int = 0, *, done: int = 0,
                  main: bool | None = None):
-        self.spec, self.folder, self.rank = spec, Path(run_dir) / "profile", rank
+        self.spec, self.folder, self.rank = spec, RunLayout(run_dir).profile_dir, rank
         self.main = rank == 0 if main is None else main
         self.window = profile_window(spec.start, spec.steps, spec.warmup, done)
         self.first = max(spec.start, done + 1)   # the first optimizer step recorded

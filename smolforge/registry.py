@@ -1,4 +1,4 @@
-"""Where the CLI and the pipeline runner find stages: a table of lazily imported dotted names.
+"""Where the CLI and the pipeline runner find stages and commands: the command modules' declarations.
 
 A stage module exposes ``Recipe`` (a dataclass with a ``name`` field = run name),
 ``validate(recipe, runs)`` and ``run(recipe, runs, *, overwrite=False) -> Run``; optionally
@@ -8,18 +8,20 @@ A stage module exposes ``Recipe`` (a dataclass with a ``name`` field = run name)
 asked for, so ``smolforge --help`` stays fast.
 
 Commands: each package's ``commands`` module (:data:`COMMAND_MODULES`, stdlib + spine imports
-only) registers its subcommands and says which of its metrics the pipeline summary shows
-(:mod:`smolforge.commands`); the CLI and the pipeline runner name no stage.
+only) declares its stages (a :class:`smolforge.commands.StageSpec` each: name, module, traits),
+registers its subcommands and says which of its metrics the pipeline summary shows
+(:mod:`smolforge.commands`); the functions here read those declarations, so the CLI and the
+pipeline runner name no stage.
 
 Plugin hook: ``SMOLFORGE_EXTRA_STAGES="name=dotted.module,other=pkg.mod"`` adds stages (or
 replaces built-in ones) without editing this file; subprocesses started by ``smolforge pipeline``
 inherit it.
 
-    >>> from smolforge.registry import stages, MODEL_STAGES
+    >>> from smolforge.registry import model_stages, stages
     >>> stages()["dpo"]
     'smolforge.alignment.dpo'
-    >>> "sft" in MODEL_STAGES
-    True
+    >>> "sft" in model_stages(), "reward" in model_stages()
+    (True, False)
 """
 from __future__ import annotations
 
@@ -31,33 +33,18 @@ import os
 from pathlib import Path
 from types import ModuleType
 
+from smolforge.commands import Commands, StageSpec
 from smolforge.errors import RecipeError
 
-__all__ = ["STAGES", "MODEL_STAGES", "EVAL_STAGE", "COMMAND_MODULES", "EXTRA_STAGES_ENV", "SUITES_ENV", "stages",
-           "load_stage", "commands", "suite_folders"]
+__all__ = ["EVAL_STAGE", "COMMAND_MODULES", "EXTRA_STAGES_ENV", "SUITES_ENV", "stages", "stage_specs",
+           "model_stages", "training_stages", "load_stage", "commands", "suite_folders"]
 
-STAGES: dict[str, str] = {
-    "import": "smolforge.import_stage",
-    "data": "smolforge.data.stage",
-    "pretrain": "smolforge.pretrain.stage",
-    "sft": "smolforge.alignment.sft",
-    "dpo": "smolforge.alignment.dpo",
-    "orpo": "smolforge.alignment.orpo",
-    "reward": "smolforge.alignment.reward",
-    "grpo": "smolforge.alignment.grpo",
-    "rloo": "smolforge.alignment.rloo",
-    "ppo": "smolforge.alignment.ppo",
-    "merge": "smolforge.alignment.merge",
-    "eval": "smolforge.evals.stage",
-    "annotate": "smolforge.annotate.stage",
-}
-# their runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer instead);
-# an imported released model is scored too: the baseline of the steps that follow it
-MODEL_STAGES: tuple[str, ...] = ("import", "pretrain", "sft", "dpo", "orpo", "grpo", "rloo", "ppo", "merge")
 # the stage a pipeline's ``eval:`` recipes run as, after every model stage
 EVAL_STAGE = "eval"
-# each package's commands (smolforge.commands): imported to build the CLI, so stdlib + spine only
+# each package's commands (smolforge.commands), in the flow's order (data → … → eval), which is
+# the order of the stages in --help; imported to build the CLI and to find stages, so stdlib + spine only
 COMMAND_MODULES: tuple[str, ...] = (
+    "smolforge.spine_commands",
     "smolforge.data.commands",
     "smolforge.pretrain.commands",
     "smolforge.alignment.commands",
@@ -77,7 +64,7 @@ def stages() -> dict[str, str]:
     'mypkg.toy_stage'
     >>> del os.environ["SMOLFORGE_EXTRA_STAGES"]
     """
-    table = dict(STAGES)
+    table = {name: spec.module for name, spec in stage_specs().items()}
     raw = os.environ.get(EXTRA_STAGES_ENV, "").strip()
     for item in filter(None, (part.strip() for part in raw.split(","))):
         name, sep, module = item.partition("=")
@@ -87,6 +74,34 @@ def stages() -> dict[str, str]:
             )
         table[name.strip()] = module.strip()
     return table
+
+
+def stage_specs() -> dict[str, StageSpec]:
+    """``{name: StageSpec}`` of every built-in stage, as the command modules declare them.
+
+    >>> stage_specs()["sft"].lr_find
+    'smolforge.alignment.lr_find'
+    """
+    return {name: command.spec for name, command in commands().stages.items()}
+
+
+def model_stages() -> tuple[str, ...]:
+    """The stages whose runs hold a causal LM in model/ and get evaluated (a reward run holds a scorer
+    instead); an imported released model is scored too: the baseline of the steps that follow it.
+
+    >>> model_stages()
+    ('import', 'pretrain', 'sft', 'dpo', 'orpo', 'grpo', 'rloo', 'ppo', 'merge')
+    """
+    return tuple(name for name, spec in stage_specs().items() if spec.makes_model)
+
+
+def training_stages() -> tuple[str, ...]:
+    """The stages that run a training loop: what a pipeline-level ``launch:`` starts under its launcher.
+
+    >>> training_stages()
+    ('pretrain', 'sft', 'dpo', 'orpo', 'reward', 'grpo', 'rloo', 'ppo')
+    """
+    return tuple(name for name, spec in stage_specs().items() if spec.trains)
 
 
 def unknown_stage_message(name: str, known: list[str] | None = None) -> str:
@@ -131,16 +146,13 @@ def load_stage(name: str) -> ModuleType:
 
 
 @functools.lru_cache(maxsize=1)
-def commands():
+def commands() -> Commands:
     """Every command module's declarations (:class:`smolforge.commands.Commands`), loaded once.
 
-    >>> sorted({"compare", "doctor", "plan", "report", "serve"} & set(commands().tools))
-    ['compare', 'doctor', 'plan', 'report', 'serve']
+    >>> sorted({"compare", "doctor", "lineage", "plan", "report", "serve"} & set(commands().tools))
+    ['compare', 'doctor', 'lineage', 'plan', 'report', 'serve']
     """
-    from smolforge.commands import Commands
-
     declared = Commands()
-    declared.summary(hide=["import/*"])   # the spine's import stage: sizes and seconds, not scores
     for dotted in COMMAND_MODULES:
         importlib.import_module(dotted).register(declared)
     return declared

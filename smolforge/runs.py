@@ -1,8 +1,10 @@
 """Run folders: the one contract between stages.
 
 A run is a folder ``<root>/<name>/`` holding ``run.json``, ``model/``, ``metrics.jsonl``,
-``checkpoints/`` and ``eval/``. Stages create runs with :meth:`Runs.start` and find their
-parents with :meth:`Runs.get`; nothing else passes between stages.
+``checkpoints/`` and ``eval/``, and whatever else its stage writes: every entry is declared in
+:data:`~smolforge.run_layout.LAYOUT` and reached through an accessor (``run.tokenizer_dir``...).
+Stages create runs with :meth:`Runs.start` and find their parents with :meth:`Runs.get`; nothing
+else passes between stages.
 
     >>> import tempfile
     >>> runs = Runs(tempfile.mkdtemp())
@@ -32,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.run_layout import LAYOUT, RunLayout, is_run
 
 __all__ = [
     "RUNS_ENV",
@@ -44,6 +47,10 @@ __all__ = [
     "git_commit",
     "utc_now",
     "wall_seconds",
+    "LAYOUT",
+    "RunLayout",
+    "is_run",
+    "unfinished_run",
     "Run",
     "Runs",
 ]
@@ -262,7 +269,7 @@ def wall_seconds(info: dict) -> float | None:
 
 
 def _read_info(path: Path) -> dict:
-    file = path / "run.json"
+    file = RunLayout(path).json_path
     try:
         info = json.loads(file.read_text(encoding="utf-8"))
     except FileNotFoundError:
@@ -274,8 +281,8 @@ def _read_info(path: Path) -> dict:
     return info
 
 
-class Run:
-    """One run folder and its ``run.json``.
+class Run(RunLayout):
+    """One run folder and its ``run.json``; the paths inside it are :class:`RunLayout`'s.
 
     >>> import tempfile
     >>> with Runs(tempfile.mkdtemp()).start("data", "data-demo", recipe={}) as run:
@@ -285,7 +292,7 @@ class Run:
     """
 
     def __init__(self, path: str | Path, info: dict | None = None) -> None:
-        self.path = Path(path)
+        super().__init__(path)
         self.info: dict = _read_info(self.path) if info is None else info
 
     def __repr__(self) -> str:
@@ -311,27 +318,6 @@ class Run:
     @property
     def metrics(self) -> dict:
         return dict(self.info.get("metrics") or {})
-
-    # -- where things go
-    @property
-    def model_dir(self) -> Path:
-        return self.path / "model"
-
-    @property
-    def checkpoints_dir(self) -> Path:
-        return self.path / "checkpoints"
-
-    @property
-    def eval_dir(self) -> Path:
-        return self.path / "eval"
-
-    @property
-    def metrics_path(self) -> Path:
-        return self.path / "metrics.jsonl"
-
-    @property
-    def json_path(self) -> Path:
-        return self.path / "run.json"
 
     # -- writing
     def reload(self) -> Run:
@@ -378,7 +364,7 @@ class Run:
         ``.model.tmp-<pid>`` inside the run, then swapped in: a reader sees the old model or
         the new one, never a half-written folder. Call it on one process only (rank 0).
         """
-        tmp = self.path / f".model.tmp-{os.getpid()}"
+        tmp = self.model_staging_dir
         old = self.path / f".model.old-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
@@ -480,13 +466,26 @@ class Runs:
     def _known_names(self) -> list[str]:
         if not self.root.is_dir():
             return []
-        return sorted(p.name for p in self.root.iterdir() if (p / "run.json").is_file())
+        return sorted(p.name for p in self.root.iterdir() if is_run(p))
 
     def _resolve(self, ref: str | Path) -> Path:
         text = str(ref)
         if isinstance(ref, Path) or os.sep in text or "/" in text or text.startswith(("~", ".")):
             return Path(text).expanduser()
         return self.root / text
+
+    def exists(self, ref: str | Path) -> bool:
+        """Whether there is a run named ``ref`` under the root (or at folder ``ref``), in any state.
+
+        >>> import tempfile
+        >>> Runs(tempfile.mkdtemp()).exists("nope")
+        False
+        """
+        return is_run(self._resolve(ref))
+
+    def launch_dir(self, pipeline: str) -> Path:
+        """Where ``smolforge launch pipeline`` keeps a pipeline's job (its ``slurm/``): not a run."""
+        return self.root / ".launch" / pipeline
 
     def get(self, ref: str | Path, *, require_done: bool = True) -> Run:
         """The run named ``ref`` under the root, or at folder ``ref``; must be done by default.
@@ -514,7 +513,7 @@ class Runs:
             raise RunError(f"run '{ref}' not found under {self.root}/{hint} ({listing})")
         if not path.is_dir():
             raise RunError(f"'{path}' is not a run folder")
-        if not (path / "run.json").exists() and (path / "config.json").is_file():
+        if not is_run(path) and (path / "config.json").is_file():
             raise RunError(f"'{path}' is a Hugging Face model folder, not a run: register it with "
                            f"`smolforge import {path} --name NAME`")
         run = Run(path)
@@ -576,7 +575,7 @@ class Runs:
         for parent in parents:
             if parent.path.resolve() == path.resolve():
                 raise RunError(f"run '{name}' cannot be its own parent; choose another name")
-        if resume and (path / "run.json").is_file() and not overwrite:
+        if resume and is_run(path) and not overwrite:
             run = Run(path)
             if run.status == "done":
                 raise RunError(f"run '{name}' is already done; nothing to resume (pass --overwrite to start over)")
@@ -637,7 +636,7 @@ class Runs:
             return
         if not path.is_dir():
             raise RunError(f"cannot create run '{name}': '{path}' exists and is not a folder")
-        if not (path / "run.json").exists():
+        if not is_run(path):
             if any(path.iterdir()):
                 raise RunError(
                     f"cannot create run '{name}': '{path}' exists and is not a run (no run.json); "
@@ -684,6 +683,37 @@ class Runs:
                 continue
             node["parents"].append(self._node(parent, seen + (here,)))
         return node
+
+
+def unfinished_run(path: str | Path, *, overwrite: bool) -> Run | None:
+    """The unfinished run at ``path`` that a training stage resumes, or None to start afresh.
+
+    None when ``overwrite``, when no run is there, or when ``smolforge launch`` queued it (this is
+    its first start); a done run is a RunError. The stage then finds its own checkpoint to resume
+    from, and refuses in its own words when there is none.
+
+    >>> import tempfile
+    >>> runs = Runs(tempfile.mkdtemp())
+    >>> unfinished_run(runs.root / "r", overwrite=False) is None
+    True
+    >>> with runs.start("sft", "r", recipe={}):
+    ...     unfinished_run(runs.root / "r", overwrite=False).status
+    'running'
+    >>> unfinished_run(runs.root / "r", overwrite=False)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RunError: run 'r' already exists (status done) at ...; pass --overwrite or choose another name
+    """
+    path = Path(path)
+    if overwrite or not is_run(path):
+        return None
+    run = Run(path)
+    if run.status == "queued":
+        return None
+    if run.status == "done":
+        raise RunError(f"run '{run.name}' already exists (status done) at {path}; "
+                       "pass --overwrite or choose another name")
+    return run
 
 
 def _check_name(name: str) -> None:

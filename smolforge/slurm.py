@@ -29,6 +29,7 @@ import sys
 from pathlib import Path
 
 from smolforge.errors import RecipeError, ServiceError
+from smolforge.runs import RunLayout
 
 __all__ = ["SlurmSpec", "job_script", "submit", "submit_pipeline", "job_state", "STOP_FILE_ENV", "stop_requested"]
 
@@ -96,7 +97,8 @@ def job_script(spec: SlurmSpec, smolforge_args: list[str], run_dir: Path, *, nam
     """The batch script that runs ``smolforge <smolforge_args>`` on the allocation, ranks started as
     ``spec`` says (``single``: one process, e.g. a pipeline whose steps start their own ranks)."""
     python = python or sys.executable
-    slurm_dir = run_dir / "slurm"
+    layout = RunLayout(run_dir)
+    slurm_dir = layout.slurm_dir
     args = " ".join(shlex.quote(a) for a in smolforge_args)
     env = "".join(f"export {k}={shlex.quote(str(v))}\n" for k, v in sorted(spec.env.items()))
     if single:
@@ -110,7 +112,7 @@ def job_script(spec: SlurmSpec, smolforge_args: list[str], run_dir: Path, *, nam
         start = (f"srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID "
                  f"WORLD_SIZE=$SLURM_NTASKS exec {shlex.quote(python)} -m smolforge {args}' &")
     return f"""#!/bin/bash
-# written by smolforge launch; resubmit with: sbatch {slurm_dir}/job.sh
+# written by smolforge launch; resubmit with: sbatch {layout.slurm_job_path}
 {chr(10).join(_sbatch_lines(spec, name, slurm_dir, single))}
 set -uo pipefail
 export HF_HUB_OFFLINE=${{HF_HUB_OFFLINE:-1}} HF_DATASETS_OFFLINE=${{HF_DATASETS_OFFLINE:-1}} TOKENIZERS_PARALLELISM=false
@@ -157,17 +159,16 @@ def submit(runs, stage: str, recipe: dict, spec: SlurmSpec, *, overwrite: bool =
     if not name:
         raise RecipeError("the recipe has no name: the run it launches needs one (--set name=...)")
     run_dir = (runs.root / name).resolve()
-    args = ["--runs-dir", str(runs.root.resolve()), stage, "--config", str(run_dir / "slurm" / "recipe.yaml")]
+    args = ["--runs-dir", str(runs.root.resolve()), stage, "--config", str(RunLayout(run_dir).slurm_recipe_path)]
     script = job_script(spec, args, run_dir, name=name, python=python)
     if dry_run:
         return script, None
     with runs.start(stage, name, recipe, overwrite=overwrite) as run:
-        slurm_dir = run.path / "slurm"
-        slurm_dir.mkdir(parents=True, exist_ok=True)
-        (slurm_dir / "recipe.yaml").write_text(yaml.safe_dump({"stage": stage, **recipe}, sort_keys=False))
-        (slurm_dir / "job.sh").write_text(script)
-        job_id = _sbatch(slurm_dir / "job.sh")
-        run.info.update(status="queued", launch={"slurm_job_id": job_id, "script": str(slurm_dir / "job.sh"),
+        run.slurm_dir.mkdir(parents=True, exist_ok=True)
+        run.slurm_recipe_path.write_text(yaml.safe_dump({"stage": stage, **recipe}, sort_keys=False))
+        run.slurm_job_path.write_text(script)
+        job_id = _sbatch(run.slurm_job_path)
+        run.info.update(status="queued", launch={"slurm_job_id": job_id, "script": str(run.slurm_job_path),
                                                  "nodes": spec.nodes, "ranks_per_node": spec.ranks_per_node})
         write_json_atomic(run.json_path, run.info)
     return script, job_id
@@ -181,17 +182,18 @@ def submit_pipeline(runs, pipeline_file: Path, spec: SlurmSpec, *, overwrite: bo
     from smolforge.runs import utc_now, write_json_atomic
 
     spec.check()
-    folder = (runs.root / ".launch" / Path(pipeline_file).stem).resolve()
+    folder = runs.launch_dir(Path(pipeline_file).stem).resolve()
     args = ["--runs-dir", str(runs.root.resolve()), "pipeline", str(Path(pipeline_file).resolve())]
     args += ["--overwrite"] if overwrite else []
     script = job_script(spec, args, folder, name=f"pipeline-{Path(pipeline_file).stem}", python=python, single=True)
     if dry_run:
         return script, None, folder
-    (folder / "slurm").mkdir(parents=True, exist_ok=True)
-    (folder / "slurm" / "job.sh").write_text(script)
-    job_id = _sbatch(folder / "slurm" / "job.sh")
-    write_json_atomic(folder / "slurm" / "launch.json", {"slurm_job_id": job_id, "pipeline": str(pipeline_file),
-                                                         "submitted_at": utc_now()})
+    layout = RunLayout(folder)
+    layout.slurm_dir.mkdir(parents=True, exist_ok=True)
+    layout.slurm_job_path.write_text(script)
+    job_id = _sbatch(layout.slurm_job_path)
+    write_json_atomic(layout.slurm_launch_path, {"slurm_job_id": job_id, "pipeline": str(pipeline_file),
+                                                 "submitted_at": utc_now()})
     return script, job_id, folder
 
 

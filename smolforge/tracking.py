@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from smolforge.errors import RecipeError
+from smolforge.runs import RunLayout
 
 from .prometheus import MetricsServer, number
 
@@ -172,7 +173,7 @@ class TensorBoardReporter:
     def __init__(self, run_dir: Path, run_name: str, config: dict) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
-        self.where = str(run_dir / "tensorboard")
+        self.where = str(RunLayout(run_dir).tensorboard_dir)
         self._writer = SummaryWriter(log_dir=self.where)
         if config:
             self._writer.add_text("config", _as_text(config), global_step=0)
@@ -243,7 +244,7 @@ class WandbReporter:
         mode = os.environ.get("WANDB_MODE", "offline")
         self._run = wandb.init(project=PROJECT, name=run_name, dir=str(run_dir), config=config,
                                mode=mode)
-        self.where = f"{run_dir / 'wandb'} ({mode})"
+        self.where = f"{RunLayout(run_dir).wandb_dir} ({mode})"
 
     def log(self, step: int, values: dict[str, float]) -> None:
         self._run.log(values, step=step)

@@ -266,6 +266,22 @@ print(json.dumps({"zero3": ppo_models.zero3(accelerator), "micro": config["train
                   "value_loss": metrics["value_loss"],
                   "sklearn_loaded": "sklearn" in sys.modules}))   # smolforge/lean_imports.py: not for a PPO step
 release_process_group()   # as the smolforge command does at exit
+# the same fresh process (TRL loaded, vLLM not): TRL's online trainers import without vLLM, and
+# building TRL's VLLMGeneration (what GRPOTrainer does with use_vllm) loads the real module and vLLM
+import inspect
+vllm_before = "vllm" in sys.modules
+from trl import GRPOTrainer, RLOOTrainer
+from trl.generation import vllm_generation
+deferred = {"vllm_before": vllm_before, "vllm_at_load": "vllm" in sys.modules,
+            "stand_in": getattr(vllm_generation, "_smolforge_stand_in", False)}
+try:
+    vllm_generation.VLLMGeneration()
+except TypeError as error:
+    deferred["built"] = str(error)
+real = sys.modules["trl.generation.vllm_generation"]
+deferred.update(real=not getattr(real, "_smolforge_stand_in", False), vllm="vllm" in sys.modules,
+                client=real.VLLMClient.__module__, signature=list(inspect.signature(real.VLLMGeneration).parameters)[:1])
+print(json.dumps(deferred))
 """
 
 
@@ -274,6 +290,7 @@ def test_ppo_deepspeed_fills_the_zero3_recipes_auto_values(sft_run, tmp_path, pr
     """ppo.deepspeed with the 3B recipes' own zero3.json (all "auto") on one CPU process: accelerate
     gets the micro-batch (ppo.mini_batch_size) and clipping (ppo.max_grad_norm) from the recipe, the
     bucket sizes from the model's hidden size, bf16 from ppo.precision; one step trains."""
+    import importlib.util
     import os
     import subprocess
     import sys
@@ -289,9 +306,14 @@ def test_ppo_deepspeed_fills_the_zero3_recipes_auto_values(sft_run, tmp_path, pr
     out = subprocess.run([sys.executable, str(script), str(sft_run.model_dir), "recipes/smollm3-3b/zero3.json",
                           precision], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
-    found = json.loads(out.stdout.strip().splitlines()[-1])
+    found, deferred = (json.loads(line) for line in out.stdout.strip().splitlines()[-2:])
     hidden = json.loads((sft_run.model_dir / "config.json").read_text())["hidden_size"]
     assert found["zero3"] and (found["micro"], found["train_batch"], found["clip"]) == (2, 2, 1.0)
     assert found["bf16"] is (precision == "bf16") and found["bucket"] == hidden * hidden
     assert math.isfinite(found["value_loss"])
     assert found["sklearn_loaded"] is False   # transformers, TRL, accelerate and DeepSpeed loaded; scikit-learn deferred
+    # smolforge/lean_imports.py defers trl.generation.vllm_generation (≈5 s of `from trl import GRPOTrainer`)
+    assert (deferred["vllm_before"], deferred["vllm_at_load"], deferred["stand_in"]) == (False, False, True)
+    assert deferred["built"].startswith("VLLMGeneration.__init__() missing")   # the real class's own __init__
+    assert (deferred["real"], deferred["client"], deferred["signature"]) == (True, "trl.generation.vllm_client", ["model"])
+    assert deferred["vllm"] is (importlib.util.find_spec("vllm") is not None)

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from smolforge.cli import extra_overrides, lineage_lines, main
+from smolforge.cli import main
+from smolforge.commands import extra_overrides
 from smolforge.errors import RecipeError
 from smolforge.pipeline import load_pipeline
 from smolforge.runs import Runs
+from smolforge.spine_commands import lineage_lines
 
 REPO = Path(__file__).resolve().parents[1]
 
