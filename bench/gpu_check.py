@@ -412,7 +412,8 @@ def part_trainers(ctx: Context) -> dict:
     stage_run(ctx, RECIPES / "grpo.yaml", {
         "name": "grpo-bf16", "parent": "sft-bf16", "data": "data", "eval_max_new_tokens": tokens,
         "trainer.max_steps": steps, "trainer.per_device_train_batch_size": 4, "trainer.num_generations": 4,
-        "trainer.max_completion_length": tokens, "trainer.logging_steps": 1, "trainer.use_vllm": False})
+        "trainer.max_completion_length": tokens, "trainer.logging_steps": 1, "trainer.use_vllm": False,
+        "generation": "hf"})   # HF generate: vLLM's own GRPO paths are the vllm part's (auto boots a server on CPU)
     dtypes = {}
     for stage, run in (("sft", "sft-bf16"), ("dpo", "dpo-bf16"), ("grpo", "grpo-bf16")):
         metrics = ctx.run_json(run)["metrics"]
@@ -521,6 +522,8 @@ PARTS = {p.name: p for p in [
 
 def run_part(name: str, ctx: Context, figures_path: Path) -> int:
     """In the part's own process: run it, write its figures (or its error) as JSON."""
+    import smolforge  # noqa: F401 - first, so its lean imports apply (no scikit-learn behind transformers)
+
     try:
         figures = PARTS[name].run(ctx)
         status = 0
