@@ -14,7 +14,7 @@ from smolforge.commands import Commands, StageSpec
 STAGES = (
     StageSpec("sft", "smolforge.alignment.sft", makes_model=True, trains=True,
               example="smolforge sft --config recipes/demo/sft.yaml --set trainer.max_steps=20",
-              lr_find="smolforge.alignment.lr_find"),
+              lr_find="smolforge.ops.lr_find.sft"),
     StageSpec("dpo", "smolforge.alignment.dpo", makes_model=True, trains=True,
               example="smolforge dpo --config recipes/demo/dpo.yaml --set trainer.beta=0.2"),
     StageSpec("orpo", "smolforge.alignment.orpo", makes_model=True, trains=True,
@@ -26,7 +26,7 @@ STAGES = (
               example="smolforge grpo --config recipes/demo/grpo.yaml --set trainer.max_steps=20"),
     StageSpec("rloo", "smolforge.alignment.rloo", makes_model=True, trains=True,
               example="smolforge rloo --config recipes/demo/rloo.yaml --set rewards=[arith_verifier]"),
-    StageSpec("ppo", "smolforge.alignment.ppo", makes_model=True, trains=True,
+    StageSpec("ppo", "smolforge.alignment.ppo.stage", makes_model=True, trains=True,
               example="smolforge ppo --config recipes/demo/ppo.yaml --set ppo.steps=10"),
     StageSpec("merge", "smolforge.alignment.merge", makes_model=True,
               example="smolforge merge --config recipes/demo/merge.yaml --set method=slerp --set t=0.3"),

@@ -212,8 +212,8 @@ def check_chat_template(recipe: Recipe, runs: Runs) -> None:
 def trainer_factory(recipe: Recipe, attn_implementation: str | None = None):
     """``make_trainer(model_dir, dataset, tokenizer, callbacks, eval_dataset=None)``: TRL's SFTTrainer as
     this recipe trains (``trainer:`` as its args, the chat template, early stopping, LoRA); :func:`run`
-    and the LR range test (:mod:`.lr_find`) build their trainers with it; ``attn_implementation`` as
-    :func:`attention` resolved it (None: transformers' default)."""
+    and the LR range test (:mod:`smolforge.ops.lr_find.sft`) build their trainers with it;
+    ``attn_implementation`` as :func:`attention` resolved it (None: transformers' default)."""
     from transformers import EarlyStoppingCallback
     from trl import SFTTrainer
 

@@ -9,7 +9,7 @@
 
 With two runs the ``k`` slots alternate between them (k=2: one answer each, an A/B review). Each run
 samples its share with the recipe's settings (``temperature``, ``top_p``, ``max_new_tokens``,
-``seed``), through :func:`smolforge.generation.sampler.open_sampler`: batched HF ``generate`` in this
+``seed``), through :func:`smolforge.generation.open_sampler.open_sampler`: batched HF ``generate`` in this
 process, or a vLLM server holding the run's model (``vllm-server``; the GPU build or vLLM's CPU
 build, see :func:`smolforge.generation.backends.pick_backend`). The same seed gives the same texts on HF, so
 pushing again updates the same records with the same responses.
@@ -40,7 +40,7 @@ def response_runs(run_names: Sequence[str], k: int) -> list[str]:
 
 def _sample_one_run(model_dir: Path, prompts: Sequence[Any], n: int, sampling: Mapping[str, Any], backend: str,
                     batch_size: int) -> list[list[str]]:
-    from smolforge.generation.sampler import open_sampler
+    from smolforge.generation.open_sampler import open_sampler
 
     with open_sampler(model_dir, backend, seed=int(sampling["seed"]), batch_size=batch_size) as sampler:
         flat = sampler.sample(list(prompts), max_new_tokens=int(sampling["max_new_tokens"]), n=n,

@@ -89,7 +89,7 @@ def run_vllm_engine(model_dir: Path, prompts: list[list[int]], new_tokens: int, 
 
 
 def run_vllm_server(model_dir: Path, prompts: list[list[int]], new_tokens: int, repeats: int) -> dict:
-    from smolforge.generation.server import VLLMServer
+    from smolforge.generation.vllm_server import VLLMServer
 
     with VLLMServer(model_dir, served_name="bench", max_model_len=512) as server:
         payload = {"model": "bench", "prompt": prompts, "max_tokens": new_tokens, "temperature": 0.0,

@@ -4,7 +4,7 @@
     .venv/bin/python bench/vllm_startup.py --model runs/sft-demo/model --rounds 5
     .venv/bin/python bench/vllm_startup.py --old-command         # also vLLM's plain server module
 
-Server: :class:`~smolforge.generation.server.VLLMServer` as every stage starts it, from ``Popen``
+Server: :class:`~smolforge.generation.vllm_server.VLLMServer` as every stage starts it, from ``Popen``
 to the first 200 on ``/health`` (its ``ready_s``; polled every 0.5 s), then the number of
 processes in its process group, one greedy completion (a check, not timed) and a stop.
 Engine: a fresh ``python`` process (so its imports count, as the server's do) that calls
@@ -119,7 +119,7 @@ def group_size(pgid: int) -> int:
 
 
 def time_server(model_dir: Path, max_model_len: int, old: bool, log_dir: Path) -> dict:
-    from smolforge.generation.server import VLLM_MODULE, VLLMServer
+    from smolforge.generation.vllm_server import VLLM_MODULE, VLLMServer
 
     class OldCommand(VLLMServer):
         """The command before the launcher: vLLM's module, vLLM's process layout."""

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from smolforge.runs import RunLayout, atomic_writer
 
-from .packed import PackedWriter
+from .packed_store import PackedWriter
 from .shards import files_fingerprint, kind_files, read_files
 from .tokenizer import DOC_SEPARATOR
 

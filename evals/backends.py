@@ -53,7 +53,7 @@ def scoring_dtype(model_dir: str | Path, device: str) -> str:
     >>> scoring_dtype(folder, "cuda"), scoring_dtype(folder, "cpu")
     ('bfloat16', 'float32')
     """
-    from smolforge.generation.server import checkpoint_dtype
+    from smolforge.generation.vllm_server import checkpoint_dtype
 
     if not str(device).startswith("cuda"):
         return "float32"

@@ -3,7 +3,7 @@
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
     >>> sorted(cli.tools)
-    ['ablate', 'compare', 'report']
+    ['compare', 'report']
     >>> [cli.is_summary_metric(k) for k in ("arith/acc", "arith/acc/stderr", "redteam/jailbreak/attack_success")]
     [True, False, False]
 """
@@ -41,7 +41,7 @@ def _eval(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
 
 
 def _stage_task(args: argparse.Namespace) -> int:
-    from .staging import stage_task
+    from .standard_tasks import stage_task
 
     names = args.target[1:]
     if len(names) != 1 or not args.from_file:
@@ -81,18 +81,6 @@ def _report(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
     return 0
 
 
-def _ablate(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
-    from .ablate import command
-
-    return command(args, extras, ctx)
-
-
-def _ablate_arguments(p: argparse.ArgumentParser) -> None:
-    from .ablate import add_arguments  # stdlib and spine imports only: the parser stays cheap
-
-    add_arguments(p)
-
-
 def register(cli: Commands) -> None:
     cli.stage(StageSpec("eval", "smolforge.evals.stage",
                         example="smolforge eval sft-demo --suite embedded --check-parity"),
@@ -108,17 +96,6 @@ def register(cli: Commands) -> None:
              description="Write <run>/report.html: training curves, eval scores with stderr, and the scores along "
              "the run's lineage, as one self-contained page.",
              examples=["smolforge report dpo-demo"])
-    cli.tool("ablate", help="ablation: a baseline recipe, variants that change one key, seeds; a table and "
-             "plots with verdicts beyond the seed noise", handler=_ablate, arguments=_ablate_arguments,
-             description="Train the baseline and every variant once per seed (from scratch, or annealing a main "
-             "run's model\nwith mode: anneal) through the pipeline runner, audit the eval tasks on the baseline's "
-             "seeds,\nscore every run's final model, and compare each variant with the baseline per task: a "
-             "verdict\nonly where the difference exceeds 2x the seed noise. Done runs with the same recipe are "
-             "reused.\nWrites the run ablate-<name>: ablation.json, table.txt, plots/<task>.svg. See docs/reports.md.",
-             examples=["smolforge ablate --config recipes/demo/ablate-lr.yaml",
-                       "smolforge ablate --config recipes/demo/ablate-anneal.yaml --set seeds=[0,1]",
-                       "smolforge ablate --config recipes/demo/ablate-lr.yaml --write-pipeline lr.yaml  "
-                       "# then: smolforge launch pipeline --config lr.yaml"])
     # per-category red-team figures live in eval/redteam.json and the report; timings and parity in run.json
     cli.summary(hide=["eval/*", "parity/*", "redteam/seconds", "redteam/judge_agreement", "redteam/*/*",
                      "position_ppl/ppl@0-*", "position_ppl/ppl@128-*", "position_ppl/ppl@256-*",

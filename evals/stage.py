@@ -85,7 +85,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     if recipe.parity is not None and recipe.parity == recipe.backend:
         raise RecipeError(f"parity: compares two backends; both are {recipe.backend!r}")
     if recipe.staged_from is not None:  # rows checked, then staged (not a run folder: the staged-suites cache)
-        from .staging import stage_task
+        from .standard_tasks import stage_task
 
         stage_task(recipe.suite, recipe.staged_from)
     if _is_redteam(recipe.suite):
@@ -352,7 +352,7 @@ def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], back
 def eval_server(target: Run, device: str, *, served_name: str, rope_scaling: dict | None = None):
     """The vLLM server that scores ``target`` (not started): the HF side's dtype, the share of the GPU
     free now (:func:`~smolforge.evals.backends.vllm_memory_share`), RoPE stretched by ``rope_scaling``."""
-    from smolforge.generation.server import VLLMServer
+    from smolforge.generation.vllm_server import VLLMServer
 
     from .backends import scoring_dtype, vllm_memory_share
 

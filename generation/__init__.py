@@ -1,11 +1,12 @@
 """Generation: the one place where smolforge samples text, below every stage that needs it.
 
 - ``prompts``: the tokenizer, chat rendering, token ids, left padding, the model's end tokens;
-- ``sampler``: the interface every caller uses (``Sampler.sample`` → ``Sample``) and ``open_sampler``;
+- ``sampler``: the interface every caller uses (``Sampler.sample`` → ``Sample``);
 - ``hf``: HF ``generate`` as a sampler;
 - ``backends``: which sampler runs here (``hf``, ``vllm`` in-process, ``vllm-server``);
+- ``open_sampler``: the sampler of a backend on a model folder, stopped on exit;
 - ``inprocess``: the settings of a vLLM engine inside a process (lm-eval, TRL colocate, benches);
-- ``server``: the vLLM OpenAI-compatible server process (start, ready, stop by PID);
+- ``vllm_server``: the vLLM OpenAI-compatible server process (start, ready, stop by PID);
 - ``rollouts``: sampling through that server, and pushing RL policy weights into it in place;
 - ``client``: the one HTTP client for OpenAI-compatible servers (timeouts, retries, safe errors);
 - ``chat``: conversations → replies (HF or an endpoint), for the red team and judges;

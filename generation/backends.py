@@ -6,7 +6,7 @@ Three backends, one meaning each wherever they appear (run.json's ``rl/generatio
 - ``"vllm"``: a vLLM engine inside the caller's process (a CUDA GPU with vLLM installed). TRL's
   colocate mode is this; so is lm-eval's ``vllm`` backend.
 - ``"vllm-server"``: a vLLM OpenAI-compatible server process on the model folder
-  (:mod:`smolforge.generation.server`), reached over HTTP. On a CPU machine with vLLM's CPU build it
+  (:mod:`smolforge.generation.vllm_server`), reached over HTTP. On a CPU machine with vLLM's CPU build it
   is the only vLLM path; on a GPU it serves callers that cannot hold an engine themselves.
 
 A recipe's ``generation:`` says ``auto``, ``hf`` or ``vllm``; a caller says which vLLM

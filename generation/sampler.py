@@ -13,21 +13,18 @@ template). Two samplers implement it:
 - :class:`~smolforge.generation.rollouts.ServerSampler`: a vLLM server holding the model, over
   HTTP (token ids out, sampled ids and log-probs back); RL syncs the policy into it in place.
 
-:func:`open_sampler` gives the right one for a model folder and a backend name
-(:func:`~smolforge.generation.backends.pick_backend`), and stops what it started. An in-process
+:func:`~smolforge.generation.open_sampler.open_sampler` gives the right one for a model folder and a backend
+name (:func:`~smolforge.generation.backends.pick_backend`), and stops what it started. An in-process
 vLLM engine is driven by the libraries that own one (TRL's colocate mode, lm-eval's ``vllm``
 model) with the settings of :mod:`smolforge.generation.inprocess`. Conversations → replies
 (the red team, judges) is :mod:`smolforge.generation.chat`, built on these.
 """
 from __future__ import annotations
 
-import contextlib
-import tempfile
-from collections.abc import Iterator, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, NamedTuple, Protocol
 
-__all__ = ["Sample", "Sampler", "open_sampler"]
+__all__ = ["Sample", "Sampler"]
 
 
 class Sample(NamedTuple):
@@ -43,33 +40,3 @@ class Sampler(Protocol):
 
     def sample(self, prompts: Sequence[Any], *, max_new_tokens: int, n: int = 1, temperature: float = 1.0,
                top_p: float = 1.0) -> list[Sample]: ...
-
-
-@contextlib.contextmanager
-def open_sampler(model_dir: str | Path, backend: str = "hf", *, seed: int = 0, device: str = "cpu",
-                 batch_size: int | None = None, log_dir: str | Path | None = None) -> Iterator[Sampler]:
-    """A sampler on ``model_dir`` for ``backend`` ("hf" or "vllm-server"); stopped on exit.
-
-    "hf" seeds torch with ``seed``; "vllm-server" starts a server with ``--seed seed`` (its log
-    goes to ``log_dir``, else a temp folder).
-    """
-    if backend == "hf":
-        import torch
-
-        from .hf import load_hf_sampler
-
-        torch.manual_seed(seed)
-        yield load_hf_sampler(model_dir, device=device, batch_size=batch_size)
-    elif backend == "vllm-server":
-        from .prompts import load_tokenizer
-        from .rollouts import ServerRollouts, ServerSampler
-
-        with contextlib.ExitStack() as stack:
-            workdir = log_dir or stack.enter_context(tempfile.TemporaryDirectory(prefix="smolforge-sampler-"))
-            rollouts = stack.enter_context(ServerRollouts(model_dir, workdir, seed=seed))
-            yield ServerSampler(rollouts, load_tokenizer(model_dir))
-    else:
-        from smolforge.errors import RecipeError
-
-        raise RecipeError(f"unknown generation backend {backend!r}; expected hf or vllm-server")
-

@@ -32,7 +32,7 @@ from smolforge.errors import RecipeError, RunError, ServiceError
 from smolforge.model_folder import check_model_folder
 from smolforge.processes import run_until_signal
 from smolforge.runs import Runs
-from .server import VLLMServer
+from .vllm_server import VLLMServer
 
 
 def served_name_for(run_ref: str, name: str | None) -> str:

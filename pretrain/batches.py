@@ -21,7 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from smolforge.data.packed import PackedRows, load_packed, packed_meta
+from smolforge.data.packed_store import PackedRows, load_packed, packed_meta
 from smolforge.data.packing import pack_documents
 from smolforge.data.schemas import load_many
 from smolforge.data.tokenizer import DOC_SEPARATOR

@@ -269,7 +269,8 @@ def _decide_resume(recipe: Recipe, runs: Runs, overwrite: bool) -> Path | None:
 
 def load_data(recipe: Recipe, runs: Runs) -> tuple[Run, object, dict]:
     """The data run (its mixture adopted by a recipe without one), its tokenizer, and the packed rows
-    by domain: what :func:`run` and the LR range test (:mod:`.lr_find`) train on."""
+    by domain: what :func:`run` and the LR range test (:mod:`smolforge.ops.lr_find.pretrain`) train
+    on."""
     from transformers import AutoTokenizer
 
     from .batches import load_domains

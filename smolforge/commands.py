@@ -6,7 +6,7 @@ and the spine, and has ``register(cli: Commands) -> None``. In it a package
 - declares each of its stages, once (``cli.stage(StageSpec(...))``): its name, its module, whether
   its runs hold a model and whether it trains, an example for ``--help``, and, where the stage can
   run a learning-rate range test, the module that does it (used by ``smolforge lr-find``,
-  :mod:`smolforge.lr_range`); the registry, the pipeline runner and the CLI read these; beside the
+  :mod:`smolforge.ops.lr_find`); the registry, the pipeline runner and the CLI read these; beside the
   spec, the stage's subcommand may get extra arguments and a handler that prepares the arguments
   and then calls :func:`run_stage`;
 - adds a tool command (``cli.tool``): ``plan``, ``compare``, ``serve``…, with its arguments and
@@ -77,7 +77,7 @@ class StageSpec:
     trains: bool = False           # a training loop: a pipeline's launch: starts it; an ablation may vary it
     example: str | None = None     # shown under --help
     lr_find: str | None = None     # dotted module whose lr_find(recipe, runs, sweep) runs
-                                   # `smolforge lr-find` on this stage's recipes (smolforge.lr_range)
+                                   # `smolforge lr-find` on this stage's recipes (smolforge.ops.lr_find)
 
 
 @dataclasses.dataclass

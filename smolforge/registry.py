@@ -45,6 +45,9 @@ EVAL_STAGE = "eval"
 # the order of the stages in --help; imported to build the CLI and to find stages, so stdlib + spine only
 COMMAND_MODULES: tuple[str, ...] = (
     "smolforge.spine_commands",
+    # the ops layer (above every stage) declares no stage: listed here, its tools (lr-find, plan, burnin,
+    # doctor, ablate) follow the spine's in --help, before serve, compare and report
+    "smolforge.ops.commands",
     "smolforge.data.commands",
     "smolforge.pretrain.commands",
     "smolforge.alignment.commands",
@@ -80,7 +83,7 @@ def stage_specs() -> dict[str, StageSpec]:
     """``{name: StageSpec}`` of every built-in stage, as the command modules declare them.
 
     >>> stage_specs()["sft"].lr_find
-    'smolforge.alignment.lr_find'
+    'smolforge.ops.lr_find.sft'
     """
     return {name: command.spec for name, command in commands().stages.items()}
 

@@ -1,14 +1,14 @@
-"""The spine's own commands: ``pipeline``, the ``import`` stage, ``runs``, ``lineage``, ``launch``, ``lr-find``.
+"""The spine's own commands: ``pipeline``, the ``import`` stage, ``runs``, ``lineage``, ``launch``.
 
 They are declared through :class:`smolforge.commands.Commands` like every package's commands
 (this module is the first of :data:`smolforge.registry.COMMAND_MODULES`), so ``smolforge/cli.py``
 only parses and dispatches. Stdlib and spine imports only; a handler imports what it needs
-(:mod:`smolforge.pipeline`, :mod:`smolforge.lr_range`, :mod:`smolforge.slurm`) when it runs.
+(:mod:`smolforge.pipeline`, :mod:`smolforge.slurm`) when it runs.
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
     >>> list(cli.tools), cli.stages["import"].spec.module
-    (['pipeline', 'runs', 'lineage', 'launch', 'lr-find'], 'smolforge.import_stage')
+    (['pipeline', 'runs', 'lineage', 'launch'], 'smolforge.import_stage')
 """
 from __future__ import annotations
 
@@ -158,21 +158,6 @@ def _lineage(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- lr-find
-
-
-def _lr_find_arguments(p: argparse.ArgumentParser) -> None:
-    from smolforge.lr_range import add_arguments  # stdlib and spine only: the parser stays cheap
-
-    add_arguments(p)
-
-
-def _lr_find(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
-    from smolforge.lr_range import command
-
-    return command(args, ctx)
-
-
 # --------------------------------------------------------------------------- the declarations
 
 
@@ -202,13 +187,3 @@ def register(cli: Commands) -> None:
                   "--gpus-per-node 8 --partition hopper --time 2-00:00:00 --dry-run",
                   "smolforge launch sft --config recipes/demo/sft.yaml --tasks-per-node 2 --time 30",
                   "smolforge launch pipeline --config recipes/demo/pipeline.yaml --time 60"])
-    cli.tool(
-        "lr-find", help="learning-rate range test on a pretrain or SFT recipe: loss vs LR plot, a suggested LR",
-        handler=_lr_find, arguments=_lr_find_arguments,
-        description="One short run of the recipe's stage whose LR grows by a constant factor every step, --min to "
-        "--max;\nit stops when the smoothed loss exceeds 4x its minimum or turns NaN. Prints a suggested LR and "
-        "the rule\nthat gave it (one tenth of the LR at the smoothed loss's minimum; steepest descent as a "
-        "cross-check),\nfor SFT also the playbook's 1/10-1/5-of-pretraining window. Writes runs/lrfind-<recipe "
-        "name>/ (lr_find.svg,\nlr_find.json), replacing the previous sweep of that recipe. See docs/pretraining.md.",
-        examples=["smolforge lr-find --config recipes/demo/pretrain.yaml",
-                  "smolforge lr-find --config recipes/demo/sft.yaml --min 1e-6 --max 1 --steps 100 --json"])

@@ -1,7 +1,7 @@
 """Charts as SVG text, drawn one way for every plot smolforge writes: nice ticks, scales, axes, legends.
 
-The report page (``smolforge.evals.report``), the ablation plots (``smolforge.evals.ablate_report``)
-and the LR finder's plot (``smolforge.lr_range``) all draw through here. Pure Python, stdlib only
+The report page (``smolforge.evals.report``), the ablation plots (``smolforge.ops.ablate.report``)
+and the LR finder's plot (``smolforge.ops.lr_find.plot``) all draw through here. Pure Python, stdlib only
 (the spine imports no ML or plotting library). A chart is one ``<svg>`` string that parses as XML
 and needs no stylesheet and no script: colours and fonts are presentation attributes, so the same
 chart reads alike inline in a page (whose CSS may still restyle its classes) and as a file of its own.

@@ -187,7 +187,7 @@ def real_model_run(runs, chain_root):
 def staged(tmp_path_factory):
     """Each standard task staged from tests/standard_task_rows.py into a private $SMOLFORGE_STAGED, which
     stays set for the module's tests: {task: staged folder}."""
-    from smolforge.evals.staging import stage_task
+    from smolforge.evals.standard_tasks import stage_task
     from standard_task_rows import STAGED_TASKS, write_rows
 
     root = tmp_path_factory.mktemp("standard-tasks")

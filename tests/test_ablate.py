@@ -11,8 +11,8 @@ import yaml
 from conftest import tiny_recipe
 from smolforge import cli
 from smolforge.errors import RecipeError, RunError
-from smolforge.evals.ablate import load_ablation, pipeline_file
-from smolforge.evals.ablate_stats import compare
+from smolforge.ops.ablate import load_ablation, pipeline_file
+from smolforge.ops.ablate.stats import compare
 from smolforge.gates import Gate
 from smolforge.launchers import LaunchSpec
 from smolforge.pipeline import Step, _next_group, load_pipeline
@@ -190,7 +190,7 @@ def test_a_tiny_ablation_trains_audits_scores_and_judges(tmp_path, runs, data_ru
 
 
 def test_done_runs_with_the_planned_recipe_are_reused_and_others_need_overwrite(tmp_path, data_run):
-    from smolforge.evals.ablate import _check_runs
+    from smolforge.ops.ablate.run import _check_runs
     from smolforge.recipe import build_stage_recipe
     from smolforge.registry import load_stage
     from smolforge.runs import Runs

@@ -19,8 +19,8 @@ import torch.distributed as dist
 
 from smolforge.cli import main
 from smolforge.errors import RecipeError
-from smolforge.pretrain import burnin
-from smolforge.pretrain.burnin import Options, bus_bandwidth, slow_ranks, summarize
+from smolforge.ops import burnin
+from smolforge.ops.burnin import Options, bus_bandwidth, slow_ranks, summarize
 
 REPO = Path(__file__).resolve().parents[1]
 GB = 1e9

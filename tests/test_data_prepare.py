@@ -65,7 +65,7 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
 def test_packed_rows_on_disk_equal_packing_at_load(data_run):
     from transformers import AutoTokenizer
 
-    from smolforge.data.packed import load_packed
+    from smolforge.data.packed_store import load_packed
     from smolforge.pretrain.batches import pack_shards
 
     tokenizer = AutoTokenizer.from_pretrained(data_run.path / "tokenizer")

@@ -536,7 +536,7 @@ def test_reading_packed_rows_leaves_no_file_pages_mapped_in_the_process(tmp_path
     page fault maps around the row it reads (tens of MiB)."""
     import numpy as np
 
-    from smolforge.data.packed import PackedRows
+    from smolforge.data.packed_store import PackedRows
 
 
     rows, seq_len = 32768, 256

@@ -18,7 +18,9 @@ import pytest
 
 
 PACKAGES = ["smolforge", "smolforge.data", "smolforge.generation", "smolforge.pretrain", "smolforge.alignment",
-            "smolforge.evals", "smolforge.annotate"]
+            "smolforge.alignment.ppo", "smolforge.evals", "smolforge.evals.audit", "smolforge.evals.redteam",
+            "smolforge.annotate", "smolforge.ops", "smolforge.ops.plan",
+            "smolforge.ops.lr_find", "smolforge.ops.ablate"]
 NOT_HERE = {"smolforge.annotate.search_engine"}
 
 

@@ -19,7 +19,7 @@ from conftest import QUIET, run_stage
 from smolforge.cli import main
 from smolforge.errors import RunError
 from smolforge.pretrain import batches as pretrain_batches
-from smolforge.pretrain.doctor import (CHECKS, Finding, NotChecked, diagnose, divergence, grad_norm, loss_noise,
+from smolforge.ops.doctor import (CHECKS, Finding, NotChecked, diagnose, divergence, grad_norm, loss_noise,
                                        memory, read_records, throughput, utilisation)
 
 MIXTURE = [{"until": 0.6, "weights": {"web": 1.0}},                    # steps 1-24

@@ -62,7 +62,7 @@ def test_an_endpoint_answering_malformed_json_is_named(runs, sft_run):
 
 
 def test_unknown_suites_and_tasks_name_close_matches(runs, sft_run):
-    from smolforge.evals.staging import stage_task
+    from smolforge.evals.standard_tasks import stage_task
 
     stage = load_stage("eval")
     with pytest.raises(RecipeError, match=r"suite 'embeded' not found \(did you mean 'embedded'"):
@@ -87,7 +87,7 @@ ARC_ROWS = [
 
 @pytest.mark.slow
 def test_a_standard_task_runs_offline_on_staged_data(runs, sft_run, tmp_path, monkeypatch):
-    from smolforge.evals.staging import stage_task
+    from smolforge.evals.standard_tasks import stage_task
 
     monkeypatch.setenv("SMOLFORGE_STAGED", str(tmp_path / "staged"))
     source = tmp_path / "arc.jsonl"

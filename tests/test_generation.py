@@ -64,7 +64,7 @@ def test_pick_backend_gives_each_name_one_meaning(monkeypatch, tmp_path):
 
 def test_vllm_server_gets_its_gpu_share_only_on_a_gpu(tmp_path):
     """On a GPU vLLM would reserve 0.9 of the card next to the trainer; the CPU build has no such flag."""
-    from smolforge.generation.server import VLLMServer
+    from smolforge.generation.vllm_server import VLLMServer
 
     server = VLLMServer(tmp_path, port=8000, gpu_memory_utilization=0.3, log_path=tmp_path / "a.log")
     gpu = server.command(cpu=False)
@@ -78,7 +78,7 @@ def test_vllm_server_serves_the_checkpoints_own_dtype_on_a_gpu(tmp_path):
     """vLLM's "auto" would serve an fp32 checkpoint in fp16 on a GPU, off from HF and from training."""
     import json
 
-    from smolforge.generation.server import VLLMServer
+    from smolforge.generation.vllm_server import VLLMServer
 
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "torch_dtype": "float32"}))
     server = VLLMServer(tmp_path, port=8000, log_path=tmp_path / "a.log", extra_args=["--dtype", "bfloat16"])
@@ -90,7 +90,7 @@ def test_vllm_server_serves_the_checkpoints_own_dtype_on_a_gpu(tmp_path):
 
 
 def test_ppo_rollout_server_reserves_the_recipes_share(tmp_path):
-    from smolforge.alignment.ppo import PPOSpec, server_rollouts
+    from smolforge.alignment.ppo.stage import PPOSpec, server_rollouts
 
     rollouts = server_rollouts(tmp_path, tmp_path / "rollouts", PPOSpec(vllm_gpu_memory_utilization=0.25, seed=3))
     command = rollouts.server.command(cpu=False)
@@ -176,7 +176,7 @@ class FileServer:
 
 
 def test_vllm_server_picks_another_port_when_its_pick_is_taken_before_it_binds(tmp_path, monkeypatch):
-    from smolforge.generation import server as server_module
+    from smolforge.generation import vllm_server as server_module
 
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "health").write_text("ok")

@@ -12,7 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 FOLDERS = {"smolforge": "smolforge", "data": "data", "generation": "generation", "pretrain": "pretrain",
-           "alignment": "alignment", "evals": "evals", "annotate": "annotate"}
+           "alignment": "alignment", "evals": "evals", "annotate": "annotate", "ops": "ops"}
 # package → the packages it may import (the spine imports none of the others)
 ALLOWED = {
     "smolforge": set(),
@@ -22,6 +22,8 @@ ALLOWED = {
     "alignment": {"generation", "data", "smolforge"},
     "evals": {"pretrain", "generation", "data", "smolforge"},
     "annotate": {"generation", "data", "smolforge"},
+    # the cross-stage tools (plan, doctor, burn-in, lr-find, ablate): above every stage; nothing imports ops
+    "ops": {"annotate", "evals", "alignment", "pretrain", "generation", "data", "smolforge"},
 }
 HTTP_CALLS = ("urlopen", "requests.", "httpx.")
 # the one client, the health probe, and the crowd that replays Argilla's UI submit call (the SDK would
@@ -45,7 +47,7 @@ def imported_packages(path: Path) -> set[str]:
 
 
 def modules(folder: str) -> list[Path]:
-    return sorted((REPO / folder).glob("*.py"))
+    return sorted((REPO / folder).rglob("*.py"))     # subpackages too (ops/plan/, …)
 
 
 @pytest.mark.parametrize("package", sorted(ALLOWED))

@@ -17,7 +17,7 @@ import yaml
 from conftest import tiny_recipe
 from smolforge.cli import main
 from smolforge.errors import RecipeError, RunError
-from smolforge.lr_range import RULE, Sweep, divergence, exponential_lrs, suggest
+from smolforge.ops.lr_find import RULE, Sweep, divergence, exponential_lrs, suggest
 from smolforge.recipe import to_dict
 from smolforge.registry import load_stage
 
@@ -132,7 +132,7 @@ def test_pretrain_sweep_through_the_cli(runs, data_run, tmp_path, capsys):
 
 
 def test_sft_sweep_reports_the_playbook_window(runs, pretrain_run):
-    from smolforge.alignment.lr_find import lr_find
+    from smolforge.ops.lr_find.sft import lr_find
 
     recipe = tiny_recipe("sft", name="lrf-sft")
     load_stage("sft").validate(recipe, runs)
@@ -149,7 +149,7 @@ def test_sft_sweep_reports_the_playbook_window(runs, pretrain_run):
 
 
 def test_an_sft_recipe_without_a_pretraining_ancestor_has_no_window():
-    from smolforge.alignment.lr_find import window
+    from smolforge.ops.lr_find.sft import window
 
     class NoRuns:
         def get(self, name):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from smolforge.data.packed import PackedRows, PackedWriter, load_packed
+from smolforge.data.packed_store import PackedRows, PackedWriter, load_packed
 from smolforge.data.packing import IGNORE_INDEX, pack_documents
 from smolforge.errors import DataError
 from smolforge.pretrain.batches import KEYS, in_memory, micro_batches, rank_picks

@@ -16,8 +16,8 @@ import pytest
 from smolforge.pretrain.flops import (DEVICES, attention_flops_per_token, flops_per_token,
                             kv_cache_bytes_per_token, measure_cpu_peak_flops, peak_flops)
 from smolforge.pretrain.model import count_parameters
-from smolforge.pretrain.planner import PPO_DEFAULTS, load_pretrain_recipe, make_plan, plan_file
-from smolforge.pretrain.planner_memory import ppo_memory
+from smolforge.ops.plan import PPO_DEFAULTS, load_pretrain_recipe, make_plan, plan_file
+from smolforge.ops.plan.memory import ppo_memory
 from smolforge.pretrain.model import ModelShape
 from smolforge.cli import main
 from smolforge.errors import RecipeError
@@ -225,7 +225,7 @@ def test_help_stays_light():
     assert out.returncode == 0 and "plan" in out.stdout
     probe = subprocess.run(
         [sys.executable, "-c", "import smolforge.cli, sys; "
-         "print(sorted({'torch', 'transformers', 'smolforge.pretrain.planner'} & set(sys.modules)))"],
+         "print(sorted({'torch', 'transformers', 'smolforge.ops.plan'} & set(sys.modules)))"],
         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=30)
     assert probe.stdout.strip() == "[]"
 
@@ -412,7 +412,7 @@ def test_post_training_defaults_here_are_the_stages_own():
 
     from smolforge.alignment import dpo, sft
     from smolforge.alignment.common import cuda_available
-    from smolforge.pretrain.planner_posttrain import DPO_DEFAULTS, SFT_DEFAULTS
+    from smolforge.ops.plan.posttrain import DPO_DEFAULTS, SFT_DEFAULTS
 
     for module, config, ours in ((sft, SFTConfig, SFT_DEFAULTS), (dpo, DPOConfig, DPO_DEFAULTS)):
         theirs = module.defaults()["trainer"]

@@ -1,4 +1,4 @@
-"""PPO's arithmetic, checked against numbers worked by hand (alignment/ppo_math.py)."""
+"""PPO's arithmetic, checked against numbers worked by hand (alignment/ppo/math.py)."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-from smolforge.alignment.ppo_math import (KLController, gae, masked_mean, masked_whiten, per_token_kl, policy_loss,
-                                token_rewards, value_loss)
+from smolforge.alignment.ppo.math import (KLController, gae, masked_mean, masked_whiten, per_token_kl, policy_loss,
+                                    token_rewards, value_loss)
 
 
 def close(tensor, expected, tol=1e-5):

@@ -1,4 +1,4 @@
-"""The ppo stage (alignment/ppo.py) and its generation backend on the tiny session chain."""
+"""The ppo stage (alignment/ppo/stage.py) and its generation backend on the tiny session chain."""
 from __future__ import annotations
 
 import json
@@ -79,7 +79,8 @@ def test_ppo_stage_trains_logs_and_writes_a_loadable_model(ppo_run, sft_run):
 
 
 def test_reference_stays_frozen_while_the_policy_moves(runs, sft_run, data_run):
-    from smolforge.alignment import online, ppo_math, ppo_models, ppo_step
+    from smolforge.alignment import online
+    from smolforge.alignment.ppo import math as ppo_math, models as ppo_models, step as ppo_step
 
     recipe = ppo_recipe()
     spec = recipe.ppo
@@ -99,7 +100,7 @@ def test_batched_logprobs_match_one_sequence_at_a_time(sft_run):
     """Left-padded prompts + right-padded completions give each token the log-prob it has alone."""
     from transformers import AutoModelForCausalLM
 
-    from smolforge.alignment import ppo_step
+    from smolforge.alignment.ppo import step as ppo_step
 
     model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
     queries, completions = [[1, 40, 41, 42, 43, 44], [1, 50]], [[60, 61, 2], [62, 63, 64, 65, 2]]
@@ -142,7 +143,7 @@ def test_bad_recipes_fail_before_any_work(runs, sft_run, data_run, changes, mess
 
 
 def test_reward_returning_the_wrong_length_is_named(runs, sft_run, data_run):
-    from smolforge.alignment import ppo
+    from smolforge.alignment.ppo import stage as ppo
 
     recipe = ppo_recipe(rewards=[one_value])
     with pytest.raises(DataError, match="reward function 'one_value' returned 1 values for 2 completions"):
@@ -162,7 +163,7 @@ def test_a_completion_that_stops_at_the_generation_configs_end_token_has_ended()
     there too): that completion has ended and gets no missing_eos_penalty."""
     from types import SimpleNamespace
 
-    from smolforge.alignment import ppo_scoring
+    from smolforge.alignment.ppo import scoring as ppo_scoring
 
     tokenizer = SimpleNamespace(eos_token_id=2)
     policy = SimpleNamespace(generation_config=SimpleNamespace(eos_token_id=[2, 7]))
@@ -200,7 +201,7 @@ def test_a_bad_deepspeed_file_is_named_before_any_work(runs, sft_run, data_run, 
 
 def test_the_3b_recipe_passes_its_own_checks(monkeypatch):
     """recipes/smollm3-3b/ppo.yaml: ZeRO-3 JSON found from the repo root, "auto" micro-batch, bf16."""
-    from smolforge.alignment import ppo
+    from smolforge.alignment.ppo import stage as ppo
 
     from conftest import REPO
 
@@ -219,7 +220,7 @@ def test_the_3b_recipe_passes_its_own_checks(monkeypatch):
 
 
 def test_defaults_train_in_fp32_without_deepspeed_on_cpu():
-    from smolforge.alignment import ppo
+    from smolforge.alignment.ppo import stage as ppo
 
     spec = ppo.PPOSpec()
     assert (spec.precision, spec.deepspeed, spec.gradient_checkpointing) == ("auto", None, False)
@@ -230,7 +231,8 @@ def test_defaults_train_in_fp32_without_deepspeed_on_cpu():
 def test_gradient_checkpointing_trains_both_backbones(runs, sft_run, data_run):
     """ppo.gradient_checkpointing: policy and value trunks recompute in backward, and one PPO step
     still moves the policy (generation turns it off and back on around sampling)."""
-    from smolforge.alignment import online, ppo_math, ppo_models, ppo_step
+    from smolforge.alignment import online
+    from smolforge.alignment.ppo import math as ppo_math, models as ppo_models, step as ppo_step
 
     recipe = ppo_recipe(ppo={"gradient_checkpointing": True, "batch_size": 4, "mini_batch_size": 2,
                              "ppo_epochs": 1})
@@ -250,7 +252,7 @@ def test_gradient_checkpointing_trains_both_backbones(runs, sft_run, data_run):
 
 ZERO3_STEP = """
 import json, sys
-from smolforge.alignment import ppo, ppo_math, ppo_models, ppo_step
+from smolforge.alignment.ppo import math as ppo_math, models as ppo_models, stage as ppo, step as ppo_step
 from smolforge.processes import release_process_group
 spec = ppo.PPOSpec(batch_size=4, mini_batch_size=2, ppo_epochs=1, max_new_tokens=4, learning_rate=1e-4,
                    deepspeed=sys.argv[2], precision=sys.argv[3], gradient_checkpointing=True)

@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from smolforge.cli import main
 from smolforge.errors import RecipeError
-from smolforge.pretrain.planner import plan_file
+from smolforge.ops.plan import plan_file
 
 FOLDER = REPO / "recipes" / "smollm3-3b"
 N_3B = 3_075_098_624                   # SmolLM3-3B's parameters (tied embeddings, vocab 128256)

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from smolforge.evals.ablate import load_ablation
+from smolforge.ops.ablate import load_ablation
 from smolforge.pipeline import load_pipeline
 from smolforge.recipe import build_stage_recipe, load_yaml, load_recipe
 from smolforge.registry import load_stage

@@ -101,7 +101,7 @@ def test_a_rank_binds_its_local_rank_or_the_one_gpu_its_task_was_given():
 
 
 def test_burnin_binds_the_task_gpu_and_still_refuses_two_ranks_on_one_card():
-    from smolforge.pretrain.burnin import compute_device
+    from smolforge.ops.burnin import compute_device
 
     assert compute_device("cuda", 3, device_count=8) == torch.device("cuda", 3)
     assert compute_device("auto", 3, device_count=1) == torch.device("cuda", 0)
@@ -146,7 +146,7 @@ def test_vllm_scores_in_the_dtype_hf_loads(model_folders, device):
     engine's dtype are the dtype HF loads the model in (YaRN stretch included)."""
     from smolforge.evals.backends import scoring_dtype, vllm_engine_args
     from smolforge.evals.long_context import load_model
-    from smolforge.generation.server import VLLMServer
+    from smolforge.generation.vllm_server import VLLMServer
 
     yarn = {"rope_type": "yarn", "factor": 2}
     for folder in model_folders.values():
@@ -193,7 +193,7 @@ def test_hf_scores_first_and_its_model_is_gone_when_vllm_starts(runs, pretrain_r
     the memory free at that moment."""
     from smolforge.evals import backends, long_context, stage
     from smolforge.evals.suite import load_suite
-    from smolforge.generation.server import VLLMServer
+    from smolforge.generation.vllm_server import VLLMServer
     from smolforge.recipe import build_stage_recipe
 
     loaded, seen = [], []

@@ -140,7 +140,7 @@ def test_what_a_staged_task_cannot_do_is_refused_before_scoring(staged, runs, sf
     (MMLU_TASK, {**ROWS[MMLU_TASK][0], "answer": "C"}, r"line 2: field 'answer' is 'C': expected an index"),
 ])
 def test_a_row_not_in_the_hub_layout_is_named_before_staging(task, row, problem, staged, tmp_path):
-    from smolforge.evals.staging import stage_task
+    from smolforge.evals.standard_tasks import stage_task
 
     bad = tmp_path / f"{task}.jsonl"
     bad.write_text(json.dumps(ROWS[task][0]) + "\n" + json.dumps(row) + "\n")
@@ -151,7 +151,7 @@ def test_a_row_not_in_the_hub_layout_is_named_before_staging(task, row, problem,
 
 
 def test_ifeval_is_refused_when_it_cannot_score_offline(staged, tmp_path, monkeypatch):
-    from smolforge.evals.staging import stage_task
+    from smolforge.evals.standard_tasks import stage_task
 
     nltk = pytest.importorskip("nltk")
     monkeypatch.setattr(nltk.data, "path", [str(tmp_path / "no-nltk-data")])

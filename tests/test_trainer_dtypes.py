@@ -19,7 +19,7 @@ from smolforge.alignment.common import trained_dtypes
 from smolforge.errors import ServiceError
 from smolforge.generation.prompts import load_tokenizer
 from smolforge.generation.rollouts import ServerRollouts
-from smolforge.generation.server import checkpoint_dtype
+from smolforge.generation.vllm_server import checkpoint_dtype
 
 ROWS = 8   # a few rows: building a trainer tokenizes its dataset
 

@@ -1,4 +1,4 @@
-"""The vLLM server path for RL rollouts (generation/server.py, generation/rollouts.py).
+"""The vLLM server path for RL rollouts (generation/vllm_server.py, generation/rollouts.py).
 
 Runs a real vLLM server (the CPU build, fp32) on the tiny SFT model of the session chain.
 """
@@ -35,7 +35,7 @@ def hf_greedy(model, tokenizer, prompt_ids, max_new_tokens):
 
 
 def test_a_folder_without_config_is_refused_before_starting_anything(tmp_path):
-    from smolforge.generation.server import VLLMServer
+    from smolforge.generation.vllm_server import VLLMServer
 
     server = VLLMServer(tmp_path / "missing")
     with pytest.raises(ServiceError, match="not a model folder"):
@@ -83,7 +83,7 @@ def test_ppo_rolls_out_through_the_vllm_server_which_samples_what_hf_would_and_f
 
     from test_ppo_stage import ppo_recipe
 
-    from smolforge.alignment import ppo
+    from smolforge.alignment.ppo import stage as ppo
     from smolforge.generation.prompts import encode_prompts, load_tokenizer
     from smolforge.generation.rollouts import ServerRollouts
 
