@@ -12,7 +12,8 @@ import argparse
 import json
 import os
 
-from smolforge.commands import Commands, Context, StageSpec, run_stage
+from smolforge.commands import Commands, Context, StageSpec
+from smolforge.stage_runner import run_stage
 from smolforge.errors import RecipeError
 
 

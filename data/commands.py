@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import argparse
 
-from smolforge.commands import Commands, Context, StageSpec, run_stage
+from smolforge.commands import Commands, Context, StageSpec
+from smolforge.stage_runner import run_stage
 from smolforge.errors import RecipeError
 
 

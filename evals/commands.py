@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from smolforge.commands import Commands, Context, StageSpec, extra_overrides, run_stage
+from smolforge.commands import Commands, Context, StageSpec, extra_overrides
+from smolforge.stage_runner import run_stage
 from smolforge.errors import RecipeError
 
 

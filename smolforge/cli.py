@@ -29,7 +29,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from smolforge.commands import Context, add_stage_parser, add_tool_parser, close_option, epilog
+from smolforge.commands import Context, StageCommand, ToolCommand, close_option, epilog
 from smolforge.errors import RecipeError, SmolforgeError, Terminated
 from smolforge.processes import release_process_group, use_environment_extension_cache
 
@@ -216,3 +216,46 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if own_process:   # a stage under a launcher: its group ends before the interpreter does
             release_process_group()
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def add_stage_parser(sub, command: StageCommand, dotted: str, formatter) -> argparse.ArgumentParser:
+    """The subcommand of one stage: --config, --set, --overwrite and the stage's own arguments."""
+    name = command.spec.name
+    example = command.spec.example or f"smolforge {name} --config my-{name}.yaml"
+    parser = sub.add_parser(
+        name, help=f"run the {name} stage ({dotted})",
+        description=(command.usage or f"Run the {name} stage from a recipe whose top level has 'stage: {name}'.")
+        + "\nExtra --key value pairs become overrides: trainer.key=value when the stage recipe has a trainer "
+        "field\n(a TRL config) and key is not a top-level field, else key=value.",
+        formatter_class=formatter,
+        epilog=epilog(*(command.examples or (example, f"smolforge {name} --config my-{name}.yaml --name my-run"))),
+        allow_abbrev=False,  # so TRL-style extras are never mistaken for our options
+    )
+    if command.arguments is not None:
+        command.arguments(parser)
+    parser.add_argument("--config", required=command.config_required, metavar="FILE", help="stage recipe YAML")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
+    parser.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
+    parser.add_argument("--result-json", help=argparse.SUPPRESS)  # written for the pipeline runner
+    parser.set_defaults(handler=command.handler or _plain_stage, takes_extras=True)
+    return parser
+
+
+def _plain_stage(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
+    from smolforge.stage_runner import run_stage
+
+    run_stage(args, extras, ctx)
+    return 0
+
+
+def add_tool_parser(sub, spec: ToolCommand, formatter) -> argparse.ArgumentParser:
+    parser = sub.add_parser(spec.name, help=spec.help, description=spec.description or spec.help,
+                            formatter_class=formatter, epilog=epilog(*spec.examples) if spec.examples else None)
+    if spec.arguments is not None:
+        spec.arguments(parser)
+    parser.set_defaults(handler=spec.handler, takes_extras=spec.takes_extras, takes_passthrough=spec.takes_passthrough)
+    return parser

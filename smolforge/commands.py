@@ -8,7 +8,7 @@ and the spine, and has ``register(cli: Commands) -> None``. In it a package
   run a learning-rate range test, the module that does it (used by ``smolforge lr-find``,
   :mod:`smolforge.ops.lr_find`); the registry, the pipeline runner and the CLI read these; beside the
   spec, the stage's subcommand may get extra arguments and a handler that prepares the arguments
-  and then calls :func:`run_stage`;
+  and then calls :func:`smolforge.stage_runner.run_stage`;
 - adds a tool command (``cli.tool``): ``plan``, ``compare``, ``serve``…, with its arguments and
   its handler;
 - says which of the metrics its stages write are pipeline-summary scores (``cli.summary``).
@@ -39,7 +39,7 @@ from typing import Any
 
 from smolforge.errors import RecipeError
 
-__all__ = ["Commands", "Context", "StageSpec", "StageCommand", "ToolCommand", "run_stage", "report_run",
+__all__ = ["Commands", "Context", "StageSpec", "StageCommand", "ToolCommand", "report_run",
            "close_option", "extra_overrides", "epilog"]
 
 
@@ -87,7 +87,7 @@ class StageCommand:
     spec: StageSpec
     examples: Sequence[str] = ()               # replace the two default examples under --help
     arguments: Arguments | None = None         # adds the stage's own arguments
-    handler: Handler | None = None             # default: run_stage
+    handler: Handler | None = None             # default: smolforge.stage_runner.run_stage
     config_required: bool = True               # --config must be given
     usage: str | None = None                   # replaces the default description's first line
 
@@ -186,56 +186,6 @@ def close_option(given: str, known: Sequence[str]) -> str:
     return f"unknown option '{flag}' ({hint})"
 
 
-def run_stage(args: argparse.Namespace, extras: list[str], ctx: Context, *,
-              action: Callable[[Any, Any, Any], Any] | None = None, print_result: bool = True,
-              given: dict | None = None):
-    """Load the recipe (``--config`` and ``--set``, or only ``--set``), build it, validate, run.
-
-    ``action(module, recipe, runs)`` replaces validate + run (a verb such as ``annotate push``);
-    it returns a Run, or None when there is no run to report. ``given`` holds top-level fields the
-    command's own arguments set (taken as they are, over the recipe and ``--set``). Returns the run (or None).
-    """
-    from smolforge import recipe as recipes
-    from smolforge.registry import load_stage
-    from smolforge.runs import write_json_atomic
-
-    if args.config:
-        source = str(args.config)
-        stage, data = recipes.load_recipe(args.config, args.set)
-    else:
-        source = "command line"
-        stage, data = args.command, recipes.apply_overrides({}, args.set, source=source)
-    if stage != args.command:
-        raise RecipeError(f"{source}: recipe is for stage '{stage}', not '{args.command}'; "
-                          f"run it with: smolforge {stage} --config {source}")
-    module = load_stage(stage)
-    if extras:
-        top = [f.name for f in dataclasses.fields(module.Recipe)]
-        sets = extra_overrides(extras, top, has_trainer="trainer" in top)
-        data = recipes.apply_overrides(data, sets, source="command line")
-    data = {**data, **(given or {})}
-    recipe = recipes.build_stage_recipe(module, data, source=source)  # over module.defaults()
-    main = launcher_rank() == 0  # under a launcher every rank runs this; one reports
-    if args.result_json and main:
-        write_json_atomic(args.result_json, {"name": getattr(recipe, "name", None), "status": "validating"})
-    runs = ctx.runs
-    if action is not None:
-        run = action(module, recipe, runs)
-    else:
-        try:
-            module.validate(recipe, runs)
-        except RecipeError as err:   # a stage's own check: say which recipe file it is about
-            if args.config and not str(err).startswith(source):
-                raise RecipeError(f"{source}: {err}") from None
-            raise
-        run = module.run(recipe, runs, overwrite=args.overwrite)
-    if run is not None and args.result_json and main:
-        write_json_atomic(args.result_json, {"name": run.name, "path": str(run.path), "status": run.status})
-    if run is not None and print_result and main:
-        report_run(module, run, ctx)
-    return run
-
-
 def launcher_rank() -> int:
     """This process's global rank as a launcher set it (torchrun, deepspeed, accelerate, srun+torchrun); 0 alone.
 
@@ -256,41 +206,3 @@ def report_run(module: Any, run: Any, ctx: Context) -> None:
     if hasattr(module, "summary"):
         print(module.summary(run))
     print(f"run {run.name} {run.status or 'done'} → {run.path}")
-
-
-def add_stage_parser(sub, command: StageCommand, dotted: str, formatter) -> argparse.ArgumentParser:
-    """The subcommand of one stage: --config, --set, --overwrite and the stage's own arguments."""
-    name = command.spec.name
-    example = command.spec.example or f"smolforge {name} --config my-{name}.yaml"
-    parser = sub.add_parser(
-        name, help=f"run the {name} stage ({dotted})",
-        description=(command.usage or f"Run the {name} stage from a recipe whose top level has 'stage: {name}'.")
-        + "\nExtra --key value pairs become overrides: trainer.key=value when the stage recipe has a trainer "
-        "field\n(a TRL config) and key is not a top-level field, else key=value.",
-        formatter_class=formatter,
-        epilog=epilog(*(command.examples or (example, f"smolforge {name} --config my-{name}.yaml --name my-run"))),
-        allow_abbrev=False,  # so TRL-style extras are never mistaken for our options
-    )
-    if command.arguments is not None:
-        command.arguments(parser)
-    parser.add_argument("--config", required=command.config_required, metavar="FILE", help="stage recipe YAML")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
-    parser.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
-    parser.add_argument("--result-json", help=argparse.SUPPRESS)  # written for the pipeline runner
-    parser.set_defaults(handler=command.handler or _plain_stage, takes_extras=True)
-    return parser
-
-
-def _plain_stage(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
-    run_stage(args, extras, ctx)
-    return 0
-
-
-def add_tool_parser(sub, spec: ToolCommand, formatter) -> argparse.ArgumentParser:
-    parser = sub.add_parser(spec.name, help=spec.help, description=spec.description or spec.help,
-                            formatter_class=formatter, epilog=epilog(*spec.examples) if spec.examples else None)
-    if spec.arguments is not None:
-        spec.arguments(parser)
-    parser.set_defaults(handler=spec.handler, takes_extras=spec.takes_extras, takes_passthrough=spec.takes_passthrough)
-    return parser

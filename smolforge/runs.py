@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.jsonable import to_dict
 from smolforge.run_layout import LAYOUT, RunLayout, is_run
 
 __all__ = [
@@ -568,7 +569,6 @@ class Runs:
         calling :meth:`Run.finish`, the run is finished for you.
         """
         from smolforge.launchers import launch_info
-        from smolforge.recipe import to_dict  # cheap; avoids a cycle at import time
 
         _check_name(name)
         path = self.root / name

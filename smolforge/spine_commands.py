@@ -16,7 +16,8 @@ import argparse
 import json
 
 from smolforge import launch_command
-from smolforge.commands import Commands, Context, StageSpec, run_stage
+from smolforge.commands import Commands, Context, StageSpec
+from smolforge.stage_runner import run_stage
 from smolforge.errors import RecipeError
 
 __all__ = ["register", "lineage_lines", "slurm_job"]
