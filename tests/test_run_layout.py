@@ -13,7 +13,7 @@ from pathlib import Path
 from smolforge.run_layout import LAYOUT, RunLayout, with_layout
 
 REPO = Path(__file__).resolve().parents[1]
-PACKAGES = ("smolforge", "data", "generation", "pretrain", "alignment", "evals", "annotate")
+PACKAGES = ("smolforge", "data", "generation", "pretrain", "alignment", "evals", "annotate", "ops")
 LAYOUT_MODULES = {"smolforge/runs.py", "smolforge/run_layout.py"}
 RUN_FOLDER_NAMES = ("run_dir", "run_folder", "run_path")   # also data_run_path, ...
 DOC = REPO / "docs" / "run-folder.md"
