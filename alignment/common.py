@@ -264,27 +264,59 @@ STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference"), "orpo": ("
               "reward": ("prefs", "preference")}
 
 
+# The rows validate_inputs read, handed to the run that follows it in the same process (the data is
+# read once), unless a file changed in between (its size or modification time).
+_VALIDATED: dict[tuple, list] = {}
+
+
+def _rows_key(paths: list[Path], schema: str) -> tuple:
+    return schema, tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+
+
+def validated_rows(paths: list[Path], schema: str, *, keep: bool) -> list:
+    """The rows of ``paths`` as ``schema`` validates them. ``keep=True`` (validation) keeps them for the
+    next call; ``keep=False`` (the run) takes kept rows if the files are unchanged, else reads them.
+
+    >>> import json, tempfile, pathlib
+    >>> f = pathlib.Path(tempfile.mkdtemp()) / "p.jsonl"
+    >>> _ = f.write_text(json.dumps({"prompt": "2+2?", "chosen": "4", "rejected": "5"}) + "\\n")
+    >>> checked = validated_rows([f], "preference", keep=True)
+    >>> validated_rows([f], "preference", keep=False) is checked, _VALIDATED
+    (True, {})
+    """
+    from smolforge.data.schemas import load_many
+
+    key = _rows_key(paths, schema)
+    rows = _VALIDATED.pop(key, None)
+    _VALIDATED.clear()        # at most one stage's rows wait, and only until its run takes them
+    if rows is None:
+        rows = load_many(paths, schema)
+    if keep:
+        _VALIDATED[key] = rows
+    return rows
+
+
 def validate_inputs(stage: str, recipe, runs: Runs) -> None:
     """The parent has a model and every data row is valid, before any run folder exists."""
-    from smolforge.data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import resolve_data
 
     kind, schema = STAGE_DATA[stage]
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
     model_parent(runs, recipe.parent)
     paths, _ = resolve_data(recipe.data, runs, kind)
-    load_many(paths, schema)
+    validated_rows(paths, schema, keep=True)
 
 
 def load_inputs(stage: str, recipe, runs: Runs) -> tuple[Run, Run | None, list[Path], list]:
     """A TRL stage's inputs: the parent run (with a model), the data run (None for a file), the data
     files and their validated rows (:func:`train_from_parent` and the LR range test read them so)."""
-    from smolforge.data.schemas import load_many, resolve_data
+    from smolforge.data.schemas import resolve_data
 
     kind, schema = STAGE_DATA[stage]
     parent = model_parent(runs, recipe.parent)
     paths, data_run = resolve_data(recipe.data, runs, kind)
-    return parent, data_run, paths, load_many(paths, schema)
+    return parent, data_run, paths, validated_rows(paths, schema, keep=False)
 
 
 def split_heldout(rows: list, fraction: float, seed: int) -> tuple[list, list]:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from trl import DPOConfig
 
-from smolforge.errors import DataError, RecipeError
+from smolforge.errors import RecipeError
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs, is_run
 
@@ -161,33 +161,10 @@ def _check_same_vocab(reference: Path, policy: Path) -> None:
                           "the reference must share the policy's tokenizer")
 
 
-def check_completions(paths: list[Path]) -> None:
-    """DataError for a conversational pair whose chosen or rejected answer has an empty message.
-
-    The row schema already refuses empty plain strings and identical chosen/rejected; a message
-    list only needs string contents there, so ``[{"role": "assistant", "content": ""}]`` passes it.
-    """
-    from smolforge.data.jsonl import read_jsonl
-
-    for path in paths:
-        for line_no, row in read_jsonl(path):
-            for key in ("chosen", "rejected"):
-                value = row.get(key)
-                if not isinstance(value, list):
-                    continue
-                for i, message in enumerate(value):
-                    if isinstance(message, dict) and not str(message.get("content", "")).strip():
-                        raise DataError(f"{path} line {line_no}: field '{key}[{i}].content' is empty; "
-                                        "a preference pair needs two non-empty answers")
-
-
 def validate_preferences(stage: str, recipe, runs: Runs) -> None:
-    """Parent model and preference rows (schema, then non-empty answers) of a preference stage."""
-    from smolforge.data.schemas import resolve_data
-
+    """Parent model and preference rows (the preference schema: both answers non-empty, also in
+    conversational pairs) of a preference stage."""
     validate_inputs(stage, recipe, runs)
-    paths, _ = resolve_data(recipe.data, runs, "prefs")
-    check_completions(paths)
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:

@@ -50,6 +50,15 @@ def _check_messages(where: str, field: str, value, need_assistant: bool) -> None
         raise DataError(f"{where}: field '{field}' has no assistant turn to train on")
 
 
+def _check_answer(where: str, field: str, messages: list) -> None:
+    """A conversational pair's chosen/rejected side needs text in every message (a plain answer's
+    emptiness is caught as a string)."""
+    for i, message in enumerate(messages):
+        if not message["content"].strip():
+            raise DataError(f"{where}: field '{field}[{i}].content' is empty; a preference pair needs two "
+                            "non-empty answers")
+
+
 def validate_row(row: dict, schema: str, where: str) -> None:
     """Raise DataError naming ``where`` (file and line) and the field at fault."""
     expected = SCHEMAS[schema]
@@ -74,6 +83,8 @@ def validate_row(row: dict, schema: str, where: str) -> None:
             value = row[field]
             if conversational:
                 _check_messages(where, field, value, need_assistant=field != "prompt")
+                if field != "prompt":
+                    _check_answer(where, field, value)
             elif not isinstance(value, str) or not value.strip():
                 raise DataError(f"{where}: field '{field}' must be a non-empty string (or, for "
                                 f"conversational data, a list of messages like 'prompt')")
