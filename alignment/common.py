@@ -270,7 +270,8 @@ _VALIDATED: dict[tuple, list] = {}
 
 
 def _rows_key(paths: list[Path], schema: str) -> tuple:
-    return schema, tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in paths)
+    stats = [(str(p), p.stat()) for p in paths]
+    return schema, tuple((name, st.st_size, st.st_mtime_ns) for name, st in stats)
 
 
 def validated_rows(paths: list[Path], schema: str, *, keep: bool) -> list:

@@ -412,9 +412,9 @@ def test_post_training_defaults_here_are_the_stages_own():
 
     from smolforge.alignment import dpo, sft
     from smolforge.alignment.common import cuda_available
-    from smolforge.ops.plan.posttrain import DPO_DEFAULTS, SFT_DEFAULTS
+    from smolforge.ops.plan.posttrain import trainer_defaults
 
-    for module, config, ours in ((sft, SFTConfig, SFT_DEFAULTS), (dpo, DPOConfig, DPO_DEFAULTS)):
+    for module, config, ours in ((sft, SFTConfig, trainer_defaults("sft")), (dpo, DPOConfig, trainer_defaults("dpo"))):
         theirs = module.defaults()["trainer"]
         assert theirs["bf16"] == theirs["gradient_checkpointing"] == cuda_available()  # ours: None, by --gpu
         for key, value in ours.items():

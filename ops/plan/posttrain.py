@@ -40,7 +40,7 @@ from .numbers import compute, given_numbers, plan_warnings, schedule
 
 __all__ = ["PUBLISHED_DATA_TOKENS", "trainer_defaults", "recipe_lineage", "make_posttrain_plan", "make_merge_plan"]
 
-# the trainer keys the plan reads (SFT_DEFAULTS / DPO_DEFAULTS: their defaults, see trainer_defaults)
+# the trainer keys the plan reads (their defaults: trainer_defaults)
 _TRAINER_KEYS = ("max_steps", "num_train_epochs", "per_device_train_batch_size", "gradient_accumulation_steps",
                  "max_length", "deepspeed", "bf16", "gradient_checkpointing")
 _BY_DEVICE = ("bf16", "gradient_checkpointing")   # the stage: true on a GPU; the plan: by --gpu (None here)
@@ -72,13 +72,6 @@ def trainer_defaults(stage: str) -> dict[str, Any]:
     trainer = next(f for f in dataclasses.fields(module.Recipe) if f.name == "trainer").default_factory()
     keys = _TRAINER_KEYS + (("precompute_ref_log_probs",) if stage == "dpo" else ())
     return {key: None if key in _BY_DEVICE else getattr(trainer, key) for key in keys}
-
-
-def __getattr__(name: str) -> dict[str, Any]:
-    """``SFT_DEFAULTS`` and ``DPO_DEFAULTS``: :func:`trainer_defaults` of the stage, read when first asked for."""
-    if name in ("SFT_DEFAULTS", "DPO_DEFAULTS"):
-        return trainer_defaults(name.split("_")[0].lower())
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------- the recipes beside
