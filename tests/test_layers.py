@@ -1,4 +1,5 @@
-"""The layers stay layers: imports point down, the spine names no stage, HTTP goes through one client.
+"""The layers stay layers: imports point down, the spine names no stage, HTTP goes through one client,
+vLLM is imported by the generation layer only.
 
 Read from the source with ``ast`` (every import, also those inside functions), so a lazy import
 that climbs a layer fails here as surely as a top-level one.
@@ -29,6 +30,7 @@ HTTP_CALLS = ("urlopen", "requests.", "httpx.")
 # the one client, the health probe, and the crowd that replays Argilla's UI submit call (the SDK would
 # retry connection errors where the load and fault tests must count them)
 HTTP_ALLOWED = {"generation/client.py", "smolforge/processes.py", "annotate/crowd.py"}
+VLLM_ALLOWED = {"generation"}   # every other layer reaches vLLM through smolforge.generation (bench/, tests/ aside)
 
 
 def imported_packages(path: Path) -> set[str]:
@@ -44,6 +46,19 @@ def imported_packages(path: Path) -> set[str]:
             elif parts[0] in FOLDERS and parts[0] != "smolforge":
                 found.add(f"bare:{parts[0]}")          # `import data…`: the un-namespaced name
     return found
+
+
+def vllm_imports(path: Path) -> list[str]:
+    """``file:line`` of each import of vLLM in a module (``import vllm``, ``import vllm.x``, ``from vllm… import``),
+    inside functions too."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else []
+        if any(name == "vllm" or name.startswith("vllm.") for name in names):
+            lines.append(node.lineno)
+    where = path.relative_to(REPO) if path.is_relative_to(REPO) else path
+    return [f"{where}:{line}" for line in sorted(lines)]
 
 
 def modules(folder: str) -> list[Path]:
@@ -76,7 +91,21 @@ def test_http_clients_live_only_in_the_generation_client_and_the_health_probe():
     assert users == HTTP_ALLOWED
 
 
+def test_only_the_generation_layer_imports_vllm():
+    found = [where for folder in sorted(set(FOLDERS.values()) - VLLM_ALLOWED) for path in modules(folder)
+             for where in vllm_imports(path)]
+    assert found == [], "vLLM imported outside generation/ (go through smolforge.generation): " + ", ".join(found)
+
+
 def test_the_checks_above_see_a_climbing_import(tmp_path):
     module = tmp_path / "bad.py"
     module.write_text("def f():\n    from smolforge.evals.stage import run\n    import data.jsonl\n")
     assert imported_packages(module) == {"evals", "bare:data"}
+
+
+def test_the_vllm_check_sees_every_form_of_import(tmp_path):
+    module = tmp_path / "bad.py"
+    module.write_text("import vllm\nimport os, vllm.platforms as p\n\ndef f():\n    from vllm.platforms import x\n"
+                      "    from vllm import LLM\n    from smolforge.generation import vllm_memory\n"
+                      "    import vllmish\n    from .vllm import y\n")
+    assert [where.rsplit(":", 1)[1] for where in vllm_imports(module)] == ["1", "2", "5", "6"]

@@ -49,7 +49,7 @@ def test_position_perplexity_is_the_models_own_loss_per_bucket(saved_model):
 
 
 def test_yarn_stretches_the_context_for_hf_and_vllm(saved_model):
-    from smolforge.evals.stage import hf_overrides_args
+    from smolforge.evals.backends import hf_overrides_args
 
     folder, tokenizer, texts = saved_model
     overrides = rope_overrides(folder, {"rope_type": "yarn", "factor": 4})

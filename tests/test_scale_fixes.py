@@ -113,7 +113,7 @@ def test_burnin_binds_the_task_gpu_and_still_refuses_two_ranks_on_one_card():
 # --------------------------------------------------------------------------- eval parity on one card, one dtype
 
 def test_vllm_asks_for_the_share_of_the_card_that_is_free_now():
-    from smolforge.evals.backends import gpu_share
+    from smolforge.generation.vllm_memory import gpu_share
 
     assert gpu_share(80 * GIB, 80 * GIB) == 0.9                    # an empty H100: vLLM's own default
     share = gpu_share(30 * GIB, 80 * GIB)                          # something else holds 50 GiB
