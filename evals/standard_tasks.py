@@ -4,8 +4,8 @@
     smolforge eval sft-demo --suite arc_easy
 
 ``stage_task`` looks the task up in lm-eval's own task index, built from the task's folder alone
-(:func:`own_folder_entry`; lm-eval's full index of ~10,000 files only for an unknown name, whose close
-matches it lists), copies the data file into ``<staged>/<task>/`` ($SMOLFORGE_STAGED, default
+(:func:`own_folder_entry`; a name no task file mentions is unknown at once, with its close matches;
+lm-eval's full index of ~10,000 files only for the rest), copies the data file into ``<staged>/<task>/`` ($SMOLFORGE_STAGED, default
 ``~/.cache/smolforge/staged``) and writes a task YAML there that ``include``\\s lm-eval's own
 YAML and replaces only where the documents come from: ``dataset_path: json`` with the copy as
 the task's evaluation split (the bundled YAML's ``test_split``, else its ``validation_split``).
@@ -195,12 +195,37 @@ def own_folder_entry(name: str):
     return next(iter(found.values())) if len(found) == 1 else None
 
 
+@functools.lru_cache(maxsize=1)
+def _task_files() -> tuple[str, tuple[str, ...]]:
+    """The text of lm-eval's task folder (its YAML and Python files) and the names they plainly declare
+    (file names, ``task:``/``group:``/``tag:`` values): about 1 s to read, where the index takes ~10 s."""
+    import re
+
+    import lm_eval.tasks
+
+    root = Path(lm_eval.tasks.__file__).parent
+    files = [path for path in root.rglob("*") if path.suffix in (".yaml", ".py") and path.is_file()]
+    text = "\n".join(path.read_text(errors="ignore") for path in files)
+    declared = re.findall(r"^\s*-?\s*(?:task|group|tag)\s*:\s*[\"']?([\w.-]+)", text, re.M)
+    return text, tuple(sorted({path.stem for path in files if path.suffix == ".yaml"} | set(declared)))
+
+
+def _surely_unknown(name: str) -> bool:
+    """True when no file of lm-eval's task folder even mentions ``name``: then lm-eval has no task of that
+    name, and a typo is answered without building the full index (names lm-eval composes at load time
+    are tags and groups, which are not staged anyway)."""
+    return name not in _task_files()[0]
+
+
 def task_entry(name: str):
     """lm-eval's index entry for ``name``; RecipeError with close matches when there is none."""
     entry = own_folder_entry(name)
     if entry is not None and getattr(entry, "yaml_path", None) is not None \
             and not str(getattr(entry, "kind", "")).endswith("GROUP"):
         return entry
+    if entry is None and _surely_unknown(name):
+        close = close_tasks(name, list(_task_files()[1]))
+        raise RecipeError(f"lm-eval has no task '{name}'" + (f"; did you mean {', '.join(close)}?" if close else ""))
     manager = bundled_tasks()
     if name not in manager.all_tasks:
         close = close_tasks(name, list(manager.all_tasks))

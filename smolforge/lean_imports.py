@@ -1,16 +1,19 @@
-"""scikit-learn imported when transformers first uses it, not when transformers loads; vLLM when TRL
-first builds its in-process generation, not when its online trainers load.
+"""scikit-learn and scipy imported when transformers first uses them, not when transformers loads; vLLM
+when TRL first builds its in-process generation, not when its online trainers load.
 
 Two transformers modules import ``sklearn.metrics`` at load time when scikit-learn is installed:
 ``transformers.generation.candidate_generator`` (``roc_curve``, for assisted generation's
 confidence threshold), loaded with any model class, and ``transformers.data.metrics`` (the old GLUE
 metrics), loaded with TRL's trainers. With scipy.stats and pandas that is about 0.9 s of each
 stage process's 4-5 s start on 2 cores, for functions smolforge never calls; scikit-learn is
-installed because lm-eval requires it. ``import smolforge`` installs a finder that loads those two
-modules with the import skipped, then gives them stand-ins under the same names that import
-scikit-learn on their first call. The modules behave as before (``is_sklearn_available()`` stays
-true everywhere; the functions are scikit-learn's own), and a process that never calls them never
-imports scikit-learn.
+installed because lm-eval requires it. Six object-detection losses (``transformers.loss.loss_*``, the
+DETR family's Hungarian matching), also loaded with any model class, import ``scipy.optimize``:
+another 0.3-0.4 s of every process that loads a model (7.5 → 7.1 s for an SFT process's imports).
+``import smolforge`` installs a finder that loads those modules with the import skipped, then gives
+them stand-ins under the same names that import the library on their first call. The modules behave
+as before (``is_sklearn_available()`` and ``is_scipy_available()`` stay true everywhere; the functions
+are the libraries' own), and a process that never calls them never imports scikit-learn or scipy's
+optimizers.
 
     >>> install(); install()   # idempotent: ``import smolforge`` has already called it
 
@@ -31,17 +34,19 @@ from collections.abc import Callable
 
 __all__ = ["install"]
 
-# module → the names it imports from sklearn.metrics at load time
-DEFERRED = {"transformers.generation.candidate_generator": ("roc_curve",),
-            "transformers.data.metrics": ("f1_score", "matthews_corrcoef")}
+# transformers module → (the availability check it consults, the module it imports from, the names) at load time
+DEFERRED = {"transformers.generation.candidate_generator": ("is_sklearn_available", "sklearn.metrics", ("roc_curve",)),
+            "transformers.data.metrics": ("is_sklearn_available", "sklearn.metrics", ("f1_score", "matthews_corrcoef")),
+            # the object-detection losses (DETR-family Hungarian matching), loaded with every model class
+            **{f"transformers.loss.loss_{family}": ("is_scipy_available", "scipy.optimize", ("linear_sum_assignment",))
+               for family in ("for_object_detection", "deformable_detr", "grounding_dino", "lw_detr", "rf_detr",
+                              "rt_detr")}}
 
 
-def sklearn_metric(name: str) -> Callable:
-    """``sklearn.metrics.<name>``, imported on the first call."""
+def deferred_function(module: str, name: str) -> Callable:
+    """``<module>.<name>`` (``sklearn.metrics.roc_curve``), imported on the first call."""
     def call(*args, **kwargs):
-        import sklearn.metrics
-
-        return getattr(sklearn.metrics, name)(*args, **kwargs)
+        return getattr(importlib.import_module(module), name)(*args, **kwargs)
 
     call.__name__ = call.__qualname__ = name
     return call
@@ -60,23 +65,24 @@ class _DeferSklearn(importlib.abc.MetaPathFinder):
         if not self.pending:
             sys.meta_path.remove(self)
         spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        check, source, names = DEFERRED[name]
         utils = sys.modules.get("transformers.utils")
-        if spec is None or spec.loader is None or not hasattr(utils, "is_sklearn_available"):
+        if spec is None or spec.loader is None or not hasattr(utils, check):
             return spec
-        truth = utils.is_sklearn_available
+        truth = getattr(utils, check)
         if not truth():
             return spec
         execute = spec.loader.exec_module
 
         def exec_module(module) -> None:
-            utils.is_sklearn_available = lambda: False    # the module skips `from sklearn.metrics import …`
+            setattr(utils, check, lambda: False)    # the module skips `from <source> import …`
             try:
                 execute(module)
             finally:
-                utils.is_sklearn_available = truth
-            module.is_sklearn_available = truth           # its own later checks see the truth
-            for metric in DEFERRED[name]:
-                setattr(module, metric, sklearn_metric(metric))
+                setattr(utils, check, truth)
+            setattr(module, check, truth)           # its own later checks see the truth
+            for function in names:
+                setattr(module, function, deferred_function(source, function))
 
         spec.loader.exec_module = exec_module
         return spec

@@ -266,7 +266,7 @@ print(json.dumps({"zero3": ppo_models.zero3(accelerator), "micro": config["train
                   "train_batch": config["train_batch_size"], "clip": config["gradient_clipping"],
                   "bf16": config["bf16"]["enabled"], "bucket": config["zero_optimization"]["reduce_bucket_size"],
                   "value_loss": metrics["value_loss"],
-                  "sklearn_loaded": "sklearn" in sys.modules}))   # smolforge/lean_imports.py: not for a PPO step
+                  "sklearn_loaded": "sklearn" in sys.modules, "scipy_optimize_loaded": "scipy.optimize" in sys.modules}))   # smolforge/lean_imports.py: not for a PPO step
 release_process_group()   # as the smolforge command does at exit
 # the same fresh process (TRL loaded, vLLM not): TRL's online trainers import without vLLM, and
 # building TRL's VLLMGeneration (what GRPOTrainer does with use_vllm) loads the real module and vLLM
@@ -314,6 +314,7 @@ def test_ppo_deepspeed_fills_the_zero3_recipes_auto_values(sft_run, tmp_path, pr
     assert found["bf16"] is (precision == "bf16") and found["bucket"] == hidden * hidden
     assert math.isfinite(found["value_loss"])
     assert found["sklearn_loaded"] is False   # transformers, TRL, accelerate and DeepSpeed loaded; scikit-learn deferred
+    assert found["scipy_optimize_loaded"] is False   # and transformers' object-detection losses' scipy.optimize
     # smolforge/lean_imports.py defers trl.generation.vllm_generation (≈5 s of `from trl import GRPOTrainer`)
     assert (deferred["vllm_before"], deferred["vllm_at_load"], deferred["stand_in"]) == (False, False, True)
     assert deferred["built"].startswith("VLLMGeneration.__init__() missing")   # the real class's own __init__
