@@ -89,9 +89,10 @@ def _ablate(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
     return command(args, extras, ctx)
 
 
-def register(cli: Commands) -> None:
-    cli.tool(
-        "lr-find", help="learning-rate range test on a pretrain or SFT recipe: loss vs LR plot, a suggested LR",
+# the ops tools, in --help order (handlers above import their tool when they run)
+TOOLS = (
+    dict(
+        name="lr-find", help="learning-rate range test on a pretrain or SFT recipe: loss vs LR plot, a suggested LR",
         handler=_lr_find, arguments=_arguments_of("smolforge.ops.lr_find.command"),
         description="One short run of the recipe's stage whose LR grows by a constant factor every step, --min to "
         "--max;\nit stops when the smoothed loss exceeds 4x its minimum or turns NaN. Prints a suggested LR and "
@@ -99,9 +100,9 @@ def register(cli: Commands) -> None:
         "cross-check),\nfor SFT also the playbook's 1/10-1/5-of-pretraining window. Writes runs/lrfind-<recipe "
         "name>/ (lr_find.svg,\nlr_find.json), replacing the previous sweep of that recipe. See docs/pretraining.md.",
         examples=["smolforge lr-find --config recipes/demo/pretrain.yaml",
-                  "smolforge lr-find --config recipes/demo/sft.yaml --min 1e-6 --max 1 --steps 100 --json"])
-    cli.tool(
-        "plan", help="plan a run or a folder of recipes (FLOPs, GPU-hours, days, cost, memory)", handler=_plan,
+                  "smolforge lr-find --config recipes/demo/sft.yaml --min 1e-6 --max 1 --steps 100 --json"]),
+    dict(
+        name="plan", help="plan a run or a folder of recipes (FLOPs, GPU-hours, days, cost, memory)", handler=_plan,
         arguments=_plan_arguments,
         description="Plan a pretraining run from a pretrain recipe: parameters (counted on the meta device),\n"
         "training FLOPs (6·N·D + attention), GPU-hours, GPUs for --days or days on --gpus at an MFU,\nthe MFU "
@@ -113,9 +114,9 @@ def register(cli: Commands) -> None:
                   "smolforge plan recipes/smollm3-3b/pretrain.yaml --tokens 11T --mfu 0.3 --days 24 --price 2.5 "
                   "--json",
                   "smolforge plan recipes/smollm3-3b/ppo.yaml --model recipes/smollm3-3b/pretrain.yaml --gpus 8",
-                  "smolforge plan recipes/smollm3-3b --gpus 384"])
-    cli.tool(
-        "burnin", help="check every rank's hardware before a long run (matmul, memory, all-reduce, NVML)",
+                  "smolforge plan recipes/smollm3-3b --gpus 384"]),
+    dict(
+        name="burnin", help="check every rank's hardware before a long run (matmul, memory, all-reduce, NVML)",
         handler=_burnin, arguments=_arguments_of("smolforge.ops.burnin"),
         description="Measure every rank at once: matmul TFLOP/s against the device's peak, a memory pattern test,\n"
         "all-reduce bus bandwidth (nccl-tests' algbw × 2(n-1)/n) and, with pynvml on a GPU, temperature, clocks\n"
@@ -124,9 +125,9 @@ def register(cli: Commands) -> None:
         "--processes N starts N ranks through torchrun; under a launcher (RANK set) each process is a rank.\n"
         "See docs/pretraining.md.",
         examples=["smolforge burnin --processes 2", "smolforge burnin --processes 8 --seconds 300 --json",
-                  "torchrun --nproc_per_node 8 -m smolforge burnin"])
-    cli.tool(
-        "doctor", help="diagnose a training run from its metrics (the playbook's troubleshooting table)",
+                  "torchrun --nproc_per_node 8 -m smolforge burnin"]),
+    dict(
+        name="doctor", help="diagnose a training run from its metrics (the playbook's troubleshooting table)",
         handler=_doctor, arguments=_arguments_of("smolforge.ops.doctor"),
         description="Read a run's metrics.jsonl and run.json and look for the playbook's symptoms: a NaN/inf loss,\n"
         "memory above 90 % of the device, a sudden throughput drop (the logged wait for batches says whether\n"
@@ -134,16 +135,23 @@ def register(cli: Commands) -> None:
         "MFU. Each finding names its steps, values, likely cause and fix. Exit 0, also with findings;\n"
         "--strict: exit 1 when there are findings. See docs/pretraining.md.",
         examples=["smolforge doctor pretrain-demo", "smolforge doctor pretrain-demo --json",
-                  "smolforge doctor pretrain-big --device-memory 80 --strict"])
-    cli.tool("ablate", help="ablation: a baseline recipe, variants that change one key, seeds; a table and "
-             "plots with verdicts beyond the seed noise", handler=_ablate,
-             arguments=_arguments_of("smolforge.ops.ablate.command"),
-             description="Train the baseline and every variant once per seed (from scratch, or annealing a main "
-             "run's model\nwith mode: anneal) through the pipeline runner, audit the eval tasks on the baseline's "
-             "seeds,\nscore every run's final model, and compare each variant with the baseline per task: a "
-             "verdict\nonly where the difference exceeds 2x the seed noise. Done runs with the same recipe are "
-             "reused.\nWrites the run ablate-<name>: ablation.json, table.txt, plots/<task>.svg. See docs/reports.md.",
-             examples=["smolforge ablate --config recipes/demo/ablate-lr.yaml",
-                       "smolforge ablate --config recipes/demo/ablate-anneal.yaml --set seeds=[0,1]",
-                       "smolforge ablate --config recipes/demo/ablate-lr.yaml --write-pipeline lr.yaml  "
-                       "# then: smolforge launch pipeline --config lr.yaml"])
+                  "smolforge doctor pretrain-big --device-memory 80 --strict"]),
+    dict(
+        name="ablate", help="ablation: a baseline recipe, variants that change one key, seeds; a table and "
+        "plots with verdicts beyond the seed noise", handler=_ablate,
+        arguments=_arguments_of("smolforge.ops.ablate.command"),
+        description="Train the baseline and every variant once per seed (from scratch, or annealing a main "
+        "run's model\nwith mode: anneal) through the pipeline runner, audit the eval tasks on the baseline's "
+        "seeds,\nscore every run's final model, and compare each variant with the baseline per task: a "
+        "verdict\nonly where the difference exceeds 2x the seed noise. Done runs with the same recipe are "
+        "reused.\nWrites the run ablate-<name>: ablation.json, table.txt, plots/<task>.svg. See docs/reports.md.",
+        examples=["smolforge ablate --config recipes/demo/ablate-lr.yaml",
+                  "smolforge ablate --config recipes/demo/ablate-anneal.yaml --set seeds=[0,1]",
+                  "smolforge ablate --config recipes/demo/ablate-lr.yaml --write-pipeline lr.yaml  "
+                  "# then: smolforge launch pipeline --config lr.yaml"]),
+)
+
+
+def register(cli: Commands) -> None:
+    for tool in TOOLS:
+        cli.tool(**tool)
