@@ -7,7 +7,6 @@ import math
 import random
 
 import pytest
-from scipy import stats as scipy_stats
 
 from conftest import run_stage
 from smolforge.evals.audit import (Thresholds, audit, export_checkpoint, find_checkpoints, format_audit, kendall_tau,
@@ -16,6 +15,14 @@ from smolforge.errors import RecipeError, RunError
 from smolforge.runs import Runs
 
 QUIET = {"tracking": {"report_to": ["none"]}}
+
+
+def scipy_stats():
+    """scipy.stats, the reference the audit's statistics are checked against (imported by the tests that use it,
+    not when the suite is collected)."""
+    from scipy import stats
+
+    return stats
 
 
 # -- statistics on hand-made tables ------------------------------------------------------------
@@ -31,7 +38,7 @@ def test_perfectly_monotone_task_gets_rho_one_and_passes():
     assert stats["final"] == pytest.approx(0.70) and stats["first"] == pytest.approx(0.30)
     assert stats["margin"] == pytest.approx(0.45)
     # noise: mean over the 4 steps of the across-seed std (ddof=1)
-    expected_noise = sum(scipy_stats.tstd([table[r][t] for r in table]) for t in (100, 200, 300, 400)) / 4
+    expected_noise = sum(scipy_stats().tstd([table[r][t] for r in table]) for t in (100, 200, 300, 400)) / 4
     assert stats["noise"] == pytest.approx(expected_noise, abs=1e-6)
     assert stats["snr"] == pytest.approx(0.40 / expected_noise, rel=1e-4)
 
@@ -64,12 +71,12 @@ def test_ranks_with_ties_match_scipy():
         n = rng.randint(3, 8)
         x = [rng.choice([0.1, 0.2, 0.3, 0.4]) for _ in range(n)]
         y = [rng.choice([0.0, 0.5, 1.0]) for _ in range(n)]
-        ours, theirs = spearman(x, y), scipy_stats.spearmanr(x, y).statistic
+        ours, theirs = spearman(x, y), scipy_stats().spearmanr(x, y).statistic
         if math.isnan(theirs):  # a constant side: no trend
             assert ours == 0.0
         else:
             assert ours == pytest.approx(theirs, abs=1e-4)
-        tau, ref = kendall_tau(x, y), scipy_stats.kendalltau(x, y, variant="b").statistic
+        tau, ref = kendall_tau(x, y), scipy_stats().kendalltau(x, y, variant="b").statistic
         assert (tau is None) if math.isnan(ref) else tau == pytest.approx(ref, abs=1e-4)
     # a plateau is a tie: average ranks, so not a perfect 1.0, but clearly monotone
     assert spearman([1, 2, 3, 4], [0.1, 0.2, 0.2, 0.5]) == pytest.approx(0.9487, abs=1e-4)
@@ -116,7 +123,7 @@ def test_noise_uses_the_steps_all_runs_share():
                         "s1": {1: {"a": 0.4}, 3: {"a": 0.8}}}, {"a": 0.0})
     a = result["tasks"]["a"]
     assert result["common_steps"] == [1, 3] and a["common_steps"] == [1, 3]
-    assert a["noise"] == pytest.approx(scipy_stats.tstd([0.3, 0.4]), abs=1e-6)
+    assert a["noise"] == pytest.approx(scipy_stats().tstd([0.3, 0.4]), abs=1e-6)
     assert a["monotonicity_per_run"] == {"s0": 1.0, "s1": None}  # s1 has 2 steps only
     assert any("share 2 step(s)" in n for n in result["notes"])
 
