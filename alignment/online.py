@@ -50,7 +50,7 @@ class OnlineRecipe:
     name: str = "rl-demo"             # run name
     parent: str = "sft-demo"          # run whose model/ is the starting policy
     data: str = "data-demo"           # data run (its prompts) or a .jsonl of {"prompt", "answer"} rows
-    rewards: list = field(default_factory=lambda: ["answer_match"])  # reward functions or run:<reward run>
+    rewards: list = field(default_factory=lambda: ["answer_match"])  # functions, run:<reward run>, {judge: {...}}
     heldout_fraction: float = field(default=0.2, metadata=FRACTION)    # prompts kept out of training to measure the reward before/after
     eval_max_new_tokens: int = 32     # greedy answer length for the held-out measurement
     chat_prompts: bool = False        # plain-text prompts (a GSM8K question) become a user turn, so an instruct

@@ -102,12 +102,14 @@ class checked:  # noqa: N801 - used like a function: checked(fn, name)
 # --------------------------------------------------------------------------- naming rewards
 
 
-def resolve(spec: str | RewardFn, runs: Runs | None = None) -> RewardFn:
+def resolve(spec: str | dict | RewardFn, runs: Runs | None = None) -> RewardFn:
     """The reward a recipe names, wrapped by :func:`checked`.
 
     ``spec`` is a built-in (``answer_match``, ``arith_verifier``, ``math_match``), a dotted path
     (``package.module:function`` or ``package.module.function``), ``run:<name>`` (a reward run's
-    model, scored by :class:`RewardModelScorer`; found in ``runs``, the stage's runs), or a callable.
+    model, scored by :class:`RewardModelScorer`; found in ``runs``, the stage's runs), a mapping
+    ``{judge: {endpoint, model, rubric, …}}`` (an LLM judge grading each completion on a rubric,
+    :class:`~smolforge.generation.judge.reward.JudgeReward`; its replies cached in the runs' cache), or a callable.
 
     >>> resolve("smolforge.alignment.rewards:arith_verifier").__name__
     'arith_verifier'
@@ -118,8 +120,13 @@ def resolve(spec: str | RewardFn, runs: Runs | None = None) -> RewardFn:
     """
     if callable(spec):
         return spec if isinstance(spec, checked) else checked(spec)
+    if isinstance(spec, dict) and set(spec) == {"judge"} and isinstance(spec["judge"], dict):
+        from smolforge.generation.judge.reward import JudgeReward
+
+        judge = JudgeReward.from_spec(spec["judge"], runs.cache_dir("judge") if runs is not None else None)
+        return checked(judge, judge.__name__)
     if not isinstance(spec, str) or not spec.strip():
-        raise RecipeError(f"a reward must be a name, a dotted path or run:<name>, got {spec!r}")
+        raise RecipeError(f"a reward must be a name, a dotted path, run:<name> or {{judge: {{...}}}}, got {spec!r}")
     spec = spec.strip()
     if spec in BUILTINS:
         return checked(BUILTINS[spec], spec)

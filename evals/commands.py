@@ -1,4 +1,5 @@
-"""The eval stage's command (``smolforge eval RUN``, ``eval audit``, ``eval stage``), ``compare`` and ``report``.
+"""The eval stage's command (``smolforge eval RUN``, ``eval audit``, ``eval stage``), the judge stage
+(``smolforge judge``), ``compare`` and ``report``.
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
@@ -86,6 +87,10 @@ def register(cli: Commands) -> None:
     cli.stage(StageSpec("eval", "smolforge.evals.stage",
                         example="smolforge eval sft-demo --suite embedded --check-parity"),
               arguments=_eval_arguments, handler=_eval, config_required=False)
+    cli.stage(StageSpec("judge", "smolforge.evals.judge",
+                        example="smolforge judge --config judge.yaml --set judge.endpoint=http://127.0.0.1:8000/v1"),
+              examples=["smolforge judge --config judge.yaml",
+                        "smolforge judge --config judge.yaml --set mode=pointwise --set rubric=rubric.yaml"])
     cli.tool("compare", help="compare runs side by side: eval scores and training figures", handler=_compare,
              arguments=lambda p: p.add_argument("names", nargs="+", metavar="RUN", help="runs to compare"),
              description="One column per run: primary eval scores (± stderr, random baseline in the row label),\n"
@@ -98,6 +103,6 @@ def register(cli: Commands) -> None:
              "the run's lineage, as one self-contained page.",
              examples=["smolforge report dpo-demo"])
     # per-category red-team figures live in eval/redteam.json and the report; timings and parity in run.json
-    cli.summary(hide=["eval/*", "parity/*", "redteam/seconds", "redteam/judge_agreement", "redteam/*/*",
+    cli.summary(hide=["judge/identity", "judge/mode", "judge/rubric_sha256", "eval/*", "parity/*", "redteam/seconds", "redteam/judge_agreement", "redteam/*/*",
                      "position_ppl/ppl@0-*", "position_ppl/ppl@128-*", "position_ppl/ppl@256-*",
                      "passkey_256/*", "passkey_512/*"])

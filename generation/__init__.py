@@ -12,6 +12,8 @@
 - ``rollouts``: sampling through that server, and pushing RL policy weights into it in place;
 - ``client``: the one HTTP client for OpenAI-compatible servers (timeouts, retries, safe errors);
 - ``chat``: conversations → replies (HF or an endpoint), for the red team and judges;
+- ``judge``: an LLM judge behind an OpenAI-compatible endpoint (pairwise in both orders, rubric scores,
+  a reply cache, a rate limiter), run by ``smolforge judge`` and usable by the stages below evals;
 - ``verifiers``: answer checks shared by RL rewards and scripted annotators;
 - ``serve``: ``smolforge serve RUN``.
 

@@ -62,7 +62,11 @@ LAYOUT: dict[str, Entry] = {
     "lr_find_plot_path": Entry("lr_find.svg", "the LR range test's plot", "lr-find"),
     "lr_find_result_path": Entry("lr_find.json", "the LR range test's result (what `--json` prints)", "lr-find"),
     "serve_dir": Entry("serve/", "what `smolforge serve` keeps", "serve"),
-    "serve_log_path": Entry("serve/vllm.log", "the vLLM server's log", "serve"),
+    "serve_log_path": Entry("serve/vllm.log", "the vLLM server's log", "serve, judge (a `judge.run` served)"),
+    "verdicts_path": Entry("verdicts.jsonl", "one judged item per line: both readings, the verdict and margin "
+                           "(pairwise) or the score and reason (pointwise)", "judge"),
+    "sanity_path": Entry("sanity.jsonl", "the judge's sanity suite (pairs with a known better answer), judged",
+                         "judge"),
     "annotations_path": Entry("annotations.json", "the pulled verdicts: counts and agreement", "annotate"),
     "plots_dir": Entry("plots/", "one `<task>.svg` per task", "ablate"),
     "table_path": Entry("table.txt", "the ablation's table", "ablate"),
@@ -125,6 +129,8 @@ class RunLayout:
     lr_find_result_path = _At()
     serve_dir = _At()
     serve_log_path = _At()
+    verdicts_path = _At()
+    sanity_path = _At()
     annotations_path = _At()
     plots_dir = _At()
     table_path = _At()

@@ -488,6 +488,10 @@ class Runs:
         """Where ``smolforge launch pipeline`` keeps a pipeline's job (its ``slurm/``): not a run."""
         return self.root / ".launch" / pipeline
 
+    def cache_dir(self, kind: str) -> Path:
+        """Where a tool keeps what outlives one run (``judge``: the judge's replies): not a run."""
+        return self.root / ".cache" / kind
+
     def get(self, ref: str | Path, *, require_done: bool = True) -> Run:
         """The run named ``ref`` under the root, or at folder ``ref``; must be done by default.
 

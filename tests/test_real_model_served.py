@@ -86,3 +86,88 @@ def test_each_staged_standard_task_scores_alike_in_process_and_served(task, stag
     if task != "gsm8k":                                  # log-likelihoods really compared, not only counts
         samples = [json.loads(line) for line in open(real_model_run.eval_dir / f"{task}-samples.jsonl")]
         assert all(loglik < 0 for s in samples for loglik, _ in s["resps"])
+
+
+JUDGED_PAIRS = [("What is 3 + 4?", "3 + 4 = 7.", "3 + 4 = 12."),
+                ("Name the largest planet in the solar system.", "Jupiter is the largest planet.", "The Moon."),
+                ("Spell the word cat.", "C-A-T.", "D-O-G.")]
+
+
+def judge(runs, served, real_model_run, tmp_path, name: str, **changes):
+    """The judge stage on the served real model, in process: its run."""
+    items = tmp_path / "pairs.jsonl"
+    items.write_text("".join(json.dumps({"prompt": p, "chosen": good, "rejected": bad}) + "\n"
+                             for p, good, bad in JUDGED_PAIRS))
+    stage = load_stage("judge")
+    recipe = build_stage_recipe(stage, {"name": name, "items": str(items), "sanity": "none", **changes,
+                                        "judge": {"endpoint": served, "model": real_model_run.name}},
+                                source="judge (test)")
+    stage.validate(recipe, runs)
+    return stage.run(recipe, runs)
+
+
+def test_the_real_model_judges_pairs_in_both_orders_caches_and_resumes(real_model_run, runs, served, tmp_path):
+    from smolforge.generation.judge.items import BUILTIN_SANITY
+
+    sanity_file = tmp_path / "sanity.jsonl"          # two of the built-in suite's twelve pairs
+    sanity_file.write_text("".join(BUILTIN_SANITY.read_text().splitlines(keepends=True)[:2]))
+    first = judge(runs, served, real_model_run, tmp_path, "judge-real", sanity=str(sanity_file), limit=2)
+    metrics = first.metrics
+    assert first.status == "done" and metrics["judge/identity"] == f"{served}#{real_model_run.name}"
+    assert (metrics["judge/requests"], metrics["judge/cached"]) == (2 * (2 + 2), 0)    # sanity suite, then 2 pairs
+    sanity = [json.loads(line) for line in first.sanity_path.read_text().splitlines()]
+    assert len(sanity) == 2 and all(len(r["orders"]) == 2 for r in sanity)
+    assert 0 <= metrics["judge/sanity_accuracy"] <= 1 and 0 <= metrics["judge/sanity_position_bias"] <= 1
+    verdicts = [json.loads(line) for line in first.verdicts_path.read_text().splitlines()]
+    assert [v["response_a"] for v in verdicts] == ["3 + 4 = 7.", "Jupiter is the largest planet."]
+    for v in verdicts:       # each order's reading kept; a verdict only where both orders agree
+        assert v["consistent"] == (v["orders"][0]["choice"] is not None
+                                   and v["orders"][0]["choice"] == {"A": "B", "B": "A"}.get(v["orders"][1]["choice"],
+                                                                                          v["orders"][1]["choice"]))
+        assert all(o["margin"] is None or 0 <= o["margin"] <= 1 for o in v["orders"])
+    print(f"\nreal 135M judge: sanity accuracy {metrics['judge/sanity_accuracy']}, "
+          f"position bias {metrics['judge/sanity_position_bias']} (sanity suite)")
+    # all three pairs (rate-limited: tests/test_judge.py checks the spacing): the two judged above come from
+    # the cache, as a killed judge's finished requests do when it is started again
+    full = judge(runs, served, real_model_run, tmp_path, "judge-real-all", rate=20.0)
+    assert (full.metrics["judge/requests"], full.metrics["judge/cached"]) == (2, 4)
+    again = [json.loads(line) for line in full.verdicts_path.read_text().splitlines()]
+    assert [v["orders"] for v in again[:2]] == [v["orders"] for v in verdicts]
+
+
+def test_the_real_model_grades_responses_on_a_rubric_and_keeps_its_reasons(real_model_run, runs, served, tmp_path):
+    rubric = tmp_path / "rubric.yaml"
+    rubric.write_text("name: correct\nscale: [1, 5]\ncriteria: 5 means the answer is correct and complete; "
+                      "1 means it is wrong.\n")
+    items = tmp_path / "answers.jsonl"
+    items.write_text("".join(json.dumps({"prompt": p, "response": good}) + "\n" for p, good, _ in JUDGED_PAIRS[:1]))
+    stage = load_stage("judge")
+    recipe = build_stage_recipe(stage, {"name": "judge-points", "items": str(items), "mode": "pointwise",
+                                        "rubric": str(rubric), "sanity": "none", "max_tokens": 24,
+                                        "judge": {"endpoint": served, "model": real_model_run.name}},
+                                source="judge (test)")
+    stage.validate(recipe, runs)
+    run = stage.run(recipe, runs)
+    graded = [json.loads(line) for line in run.verdicts_path.read_text().splitlines()]
+    assert len(graded) == 1 and all(g["reply"] and g["reason"] for g in graded)
+    assert all(g["score"] is None or 1 <= g["score"] <= 5 for g in graded)
+    assert run.metrics["judge/scored"] + run.metrics["judge/unreadable"] == 1
+    assert len(run.metrics["judge/rubric_sha256"]) == 64
+
+
+def test_a_judge_reward_grades_completions_through_the_endpoint_and_caches_them(real_model_run, runs, served,
+                                                                                tmp_path):
+    from smolforge.alignment.rewards import resolve
+
+    rubric = tmp_path / "rubric.yaml"
+    rubric.write_text("name: correct\nscale: [1, 5]\ncriteria: 5 means the answer is correct; 1 means it is wrong.\n")
+    spec = {"judge": {"endpoint": served, "model": real_model_run.name, "rubric": str(rubric), "max_tokens": 16}}
+    reward = resolve(spec, runs)
+    prompts = [[{"role": "user", "content": p}] for p, _, _ in JUDGED_PAIRS[:1]] * 2
+    completions = [[{"role": "assistant", "content": good}] for _, good, bad in JUDGED_PAIRS[:1]] * 2
+    values = reward(prompts, completions)
+    assert reward.__name__ == "judge_correct" and len(values) == 2 and values[0] == values[1]
+    assert all(v is None or 0.0 <= v <= 1.0 for v in values)
+    judge = reward.fn
+    assert judge.judge.asked == 1 and judge.unreadable == sum(v is None for v in values)   # one request per distinct chat
+    assert resolve(spec, runs)(prompts, completions) == values       # a new reward: every reply from the cache
