@@ -1,5 +1,6 @@
 """The annotate stage's commands: ``smolforge annotate serve | push | status | pull``, and the
-pipeline step (no verb: push, wait for the answers, pull).
+pipeline step (no verb: push, wait for the answers, pull); the synth stage (``smolforge synth``:
+judged synthetic SFT rows and preference pairs).
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
@@ -95,4 +96,8 @@ def register(cli: Commands) -> None:
                         "smolforge annotate status --config recipes/demo/annotate.yaml",
                         "smolforge annotate pull --config recipes/demo/annotate.yaml"),
               arguments=_arguments, handler=_annotate, config_required=False)
-    cli.summary(show=["annotate/rows", "annotate/agreement"], hide=["annotate/*"])
+    cli.stage(StageSpec("synth", "smolforge.annotate.synth", example="smolforge synth --config synth.yaml"),
+              examples=["smolforge synth --config synth.yaml",
+                        "smolforge synth --config synth.yaml --set k=4 --set min_margin=0.25"])
+    cli.summary(show=["annotate/rows", "annotate/agreement", "synth/sft_rows", "synth/pairs"],
+                hide=["annotate/*", "synth/*"])

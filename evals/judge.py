@@ -105,7 +105,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     if recipe.judge.run is not None:
         runs.get(recipe.judge.run)
     else:
-        _check_served(_endpoint(recipe, recipe.judge.endpoint))
+        _endpoint(recipe, recipe.judge.endpoint).check_model()
 
 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
@@ -188,25 +188,12 @@ def _endpoint(recipe: Recipe, base_url: str, model: str | None = None, identity:
                          identity=identity)
 
 
-def _check_served(judge: JudgeEndpoint) -> None:
-    """The endpoint answers and serves the judge model (or exactly one model, taken as the judge)."""
-    served = judge.served_models()
-    if not judge.model:
-        if len(served) != 1:
-            raise RecipeError(f"judge.model: {judge.base_url} serves {', '.join(served) or 'no model'}; "
-                              "name the judge model")
-        judge.model = served[0]
-    elif judge.model not in served:
-        raise RecipeError(f"judge.model: {judge.base_url} does not serve {judge.model!r} "
-                          f"(it serves {', '.join(served) or 'no model'})")
-
-
 @contextlib.contextmanager
 def _served(recipe: Recipe, runs: Runs, run: Run) -> Iterator[JudgeEndpoint]:
     """The judge for this run: the recipe's endpoint, or the judge run served by vLLM until the run ends."""
     if recipe.judge.endpoint is not None:
         judge = _endpoint(recipe, recipe.judge.endpoint)
-        _check_served(judge)
+        judge.check_model()
         judge.cache = cache_for(runs.cache_dir("judge"), judge.identity) if recipe.cache else None
         yield judge
         return

@@ -125,7 +125,7 @@ def load_stage(name: str) -> ModuleType:
     >>> load_stage("nope")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, dpo, eval, grpo, import, judge, merge, orpo, ppo, pretrain, reward, rloo, sft)
+    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, dpo, eval, grpo, import, judge, merge, orpo, ppo, pretrain, reward, rloo, sft, synth)
     """
     table = stages()
     if name not in table:

@@ -45,7 +45,8 @@ LAYOUT: dict[str, Entry] = {
                       "checkpoint audits (`audit/`)", "eval, redteam, audit"),
     "report_path": Entry("report.html", "the human-readable report (self-contained)", "eval"),
     "gates_path": Entry("gates.json", "the promotion gates' verdicts on this run", "pipeline"),
-    "data_dir": Entry("data/", "processed rows: `data/<kind>/part-*.jsonl` shards", "data, annotate (`data/prefs/`)"),
+    "data_dir": Entry("data/", "processed rows: `data/<kind>/part-*.jsonl` shards", "data, annotate (`data/prefs/`), "
+                      "synth (`data/sft/`, `data/prefs/`)"),
     "data_card_path": Entry("data_card.json", "the data card: counts, tokens, domains, mixture, fingerprints", "data"),
     "data_card_md_path": Entry("data_card.md", "the data card, readable", "data"),
     "reports_dir": Entry("reports/", "bad rows, removed rows and decontamination hits", "data"),
@@ -67,6 +68,8 @@ LAYOUT: dict[str, Entry] = {
                            "(pairwise) or the score and reason (pointwise)", "judge"),
     "sanity_path": Entry("sanity.jsonl", "the judge's sanity suite (pairs with a known better answer), judged",
                          "judge"),
+    "candidates_path": Entry("candidates.jsonl", "per prompt: every generated answer, its generator, grade and "
+                             "the judge's reason", "synth"),
     "annotations_path": Entry("annotations.json", "the pulled verdicts: counts and agreement", "annotate"),
     "plots_dir": Entry("plots/", "one `<task>.svg` per task", "ablate"),
     "table_path": Entry("table.txt", "the ablation's table", "ablate"),
@@ -131,6 +134,7 @@ class RunLayout:
     serve_log_path = _At()
     verdicts_path = _At()
     sanity_path = _At()
+    candidates_path = _At()
     annotations_path = _At()
     plots_dir = _At()
     table_path = _At()

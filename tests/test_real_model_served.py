@@ -171,3 +171,41 @@ def test_a_judge_reward_grades_completions_through_the_endpoint_and_caches_them(
     judge = reward.fn
     assert judge.judge.asked == 1 and judge.unreadable == sum(v is None for v in values)   # one request per distinct chat
     assert resolve(spec, runs)(prompts, completions) == values       # a new reward: every reply from the cache
+
+
+def test_synthetic_answers_are_graded_and_kept_as_sft_rows_and_pairs_with_their_lineage(real_model_run, runs, served,
+                                                                                       tmp_path):
+    from smolforge.alignment.common import validated_rows
+    from smolforge.data.schemas import resolve_data
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": p}]}) + "\n"
+                               for p, _, _ in JUDGED_PAIRS[:2]))
+    rubric = tmp_path / "rubric.yaml"
+    rubric.write_text("name: correct\nscale: [1, 5]\ncriteria: 5 means the answer is correct; 1 means it is wrong.\n")
+    endpoint = {"endpoint": served, "model": real_model_run.name}
+    stage = load_stage("synth")
+    recipe = build_stage_recipe(stage, {"name": "synth-real", "prompts": str(prompts), "rubric": str(rubric),
+                                        "generators": [endpoint], "judge": endpoint, "k": 3, "max_tokens": 12,
+                                        "judge_max_tokens": 12, "temperature": 1.0}, source="synth (test)")
+    stage.validate(recipe, runs)
+    run = stage.run(recipe, runs)
+    metrics = run.metrics
+    assert (metrics["synth/prompts"], metrics["synth/candidates"]) == (2, 6)
+    assert metrics["synth/generators"] == metrics["synth/judge"] == f"{served}#{real_model_run.name}"
+    assert set(run.info["data_fingerprints"]) == {str(prompts), str(rubric)}          # the lineage of every row
+    kept = [json.loads(line) for line in run.candidates_path.read_text().splitlines()]
+    sft = [json.loads(line) for p in sorted(run.data_shard_dir("sft").glob("*.jsonl")) for line in p.open()]
+    pairs = validated_rows(sorted(run.data_shard_dir("prefs").glob("*.jsonl")), "preference", keep=False)
+    assert len(sft) == metrics["synth/sft_rows"] and len(pairs) == metrics["synth/pairs"] <= len(sft) <= 2
+    if sft:                                          # what `smolforge sft --set data=synth-real` reads
+        assert resolve_data(run.name, runs, "sft")[0] == sorted(run.data_shard_dir("sft").glob("*.jsonl"))
+    for entry in kept:
+        graded = [c for c in entry["candidates"] if c["score"] is not None]
+        assert len(entry["candidates"]) == 3 and all(c["generator"] == metrics["synth/judge"] for c in entry["candidates"])
+        assert all(c["score"] == (c["grade"] - 1) / 4 for c in graded)
+        rows = [r for r in sft if r["messages"][0] == entry["prompt"][0]]
+        if graded:                                   # the SFT row is the best-graded answer (first of equals)
+            assert rows[0]["messages"][-1]["content"] == max(graded, key=lambda c: c["score"])["text"]
+        else:
+            assert rows == []

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from smolforge.errors import ServiceError
+from smolforge.errors import RecipeError, ServiceError
 from smolforge.generation.client import Client
 
 from .cache import JudgeCache, request_key
@@ -66,6 +66,19 @@ class JudgeEndpoint:
         if not isinstance(data, list):
             raise ServiceError(f"GET {self.base_url}/models: the reply has no 'data' list: {str(reply)[:200]}")
         return [str(m.get("id")) for m in data if isinstance(m, dict)]
+
+    def check_model(self, field: str = "judge.model") -> None:
+        """The endpoint answers and serves the judge model; with no model named, the one it serves is taken
+        (a RecipeError naming ``field`` when it serves none or several)."""
+        served = self.served_models()
+        if not self.model:
+            if len(served) != 1:
+                raise RecipeError(f"{field}: {self.base_url} serves {', '.join(served) or 'no model'}; "
+                                  "name the judge model")
+            self.model = served[0]
+        elif self.model not in served:
+            raise RecipeError(f"{field}: {self.base_url} does not serve {self.model!r} "
+                              f"(it serves {', '.join(served) or 'no model'})")
 
     def ask(self, chats: Sequence[list[dict]], *, max_tokens: int, what: str = "judge") -> list[dict]:
         """``{"reply", "top"}`` for each chat, in order (``top``: the first token's top log-probs, or {})."""

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from smolforge.errors import RecipeError, ServiceError
+from smolforge.errors import RecipeError
 
 from ..verifiers import completion_text, prompt_text
 from .endpoint import JudgeEndpoint, cache_for
@@ -52,15 +52,7 @@ class JudgeReward:
         judge = JudgeEndpoint(spec["endpoint"], spec.get("model") or "", api_key_env=spec.get("api_key_env"),
                               workers=int(spec.get("workers", 4)), rate=float(spec.get("rate", 0.0)),
                               timeout=float(spec.get("timeout", 60.0)))
-        served = judge.served_models()
-        if not judge.model:
-            if len(served) != 1:
-                raise RecipeError(f"rewards: judge {judge.base_url} serves {', '.join(served) or 'no model'}; "
-                                  "name the judge model (model:)")
-            judge.model = served[0]
-        elif judge.model not in served:
-            raise ServiceError(f"rewards: judge {judge.base_url} does not serve {judge.model!r} "
-                               f"(it serves {', '.join(served) or 'no model'})")
+        judge.check_model("rewards: judge model")
         if cache_dir is not None:
             judge.cache = cache_for(cache_dir, judge.identity)
         return cls(judge, rubric, max_tokens=int(spec.get("max_tokens", 64)))
