@@ -35,7 +35,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from smolforge.errors import RecipeError, ServiceError
+from smolforge.errors import DataError, RecipeError, ServiceError
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs, atomic_writer, fingerprint, unfinished_run
 from smolforge.table import render_table
@@ -101,7 +101,10 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         load_rubric(recipe.rubric)
     read_rows(recipe.items, recipe.mode, limit=recipe.limit)
     if recipe.sanity != "none":
-        read_rows(_sanity_file(recipe), "pairwise")
+        unlabelled = [r["id"] for r in read_rows(_sanity_file(recipe), "pairwise") if r["label"] is None]
+        if unlabelled:
+            raise DataError(f"sanity {_sanity_file(recipe)}: every pair needs its known better answer (chosen/rejected, "
+                            f"or label: A | B | T); row(s) {', '.join(unlabelled[:5])} have none")
     if recipe.judge.run is not None:
         runs.get(recipe.judge.run)
     else:

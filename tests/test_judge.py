@@ -149,3 +149,11 @@ def test_the_built_in_sanity_suite_is_twelve_pairs_whose_better_answer_is_known(
 
     rows = read_rows(BUILTIN_SANITY, "pairwise")
     assert len(rows) == 12 and {r["label"] for r in rows} == {"A"} and len({r["prompt"] for r in rows}) == 12
+
+
+def test_a_sanity_suite_without_known_answers_is_refused(tmp_path, runs, capsys):
+    sanity = tmp_path / "sanity.jsonl"
+    sanity.write_text(json.dumps({"id": "s1", "prompt": "2+3?", "response_a": "5", "response_b": "7"}) + "\n")
+    code = main(["--runs-dir", str(runs.root), "judge", "--config", _recipe(tmp_path, sanity=str(sanity))])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert code == 2 and len(lines) == 1 and "every pair needs its known better answer" in lines[0] and "s1" in lines[0]
