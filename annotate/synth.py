@@ -27,7 +27,6 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from smolforge.errors import RecipeError, ServiceError
-from smolforge.generation.client import Client
 from smolforge.generation.judge.endpoint import JudgeEndpoint, cache_for
 from smolforge.generation.judge.prompts import load_rubric, parse_score, pointwise_messages, render
 from smolforge.recipe import to_dict
@@ -132,7 +131,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
 
 def _sample(endpoint: JudgeEndpoint, prompts: list, recipe: Recipe) -> list[list[str]]:
     """``k`` answers per prompt from one generator (one request with ``n: k`` each, ``workers`` at a time)."""
-    client = Client(endpoint.base_url, api_key_env=endpoint.client.api_key_env, timeout=recipe.timeout)
+    client = endpoint.client      # the endpoint's own (its key, the recipe's timeout, retries)
 
     def one(prompt) -> list[str]:
         messages = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
