@@ -50,7 +50,7 @@ from .agreement import cohen_kappa, krippendorff_alpha
 from .records import exact_fields
 
 __all__ = ["OUTCOMES", "TIE", "QUESTION", "resolve", "decide", "ranks_of", "agreement", "from_argilla",
-           "write_preference_run"]
+           "pair_row", "submitted_votes", "write_preference_run"]
 
 OUTCOMES = ("used", "tied", "disagreed", "discarded", "pending", "unusable")
 TIE = "tie"
@@ -86,7 +86,7 @@ def ranks_of(value: Any, k: int) -> dict[str, float]:
     return ranks
 
 
-def _submitted(record: Mapping) -> list[dict]:
+def submitted_votes(record: Mapping) -> list[dict]:
     """Submitted answers with a preference value, one per annotator (sorted by user id)."""
     votes = [a for a in record.get("answers", []) if a.get("status") == "submitted"
              and (a.get("values") or {}).get(QUESTION) is not None]
@@ -104,7 +104,7 @@ def decide(record: Mapping, min_votes: int = 1) -> tuple[str, int | None, int | 
     ('used', 1, 0)
     """
     k = len(record["responses"])
-    votes = _submitted(record)
+    votes = submitted_votes(record)
     if not votes:
         discarded = any(a.get("status") == "discarded" for a in record.get("answers", []))
         return ("discarded" if discarded else "pending"), None, None
@@ -135,7 +135,7 @@ def _assistant(text: str) -> list[dict]:
     return [{"role": "assistant", "content": text}]
 
 
-def _row(record: Mapping, chosen: int, rejected: int) -> dict | None:
+def pair_row(record: Mapping, chosen: int, rejected: int) -> dict | None:
     good, bad = record["responses"][chosen], record["responses"][rejected]
     if not str(good).strip() or not str(bad).strip() or good == bad:
         return None
@@ -161,7 +161,7 @@ def agreement(records: Iterable[Mapping]) -> dict:
     ranking = False
     for record in records:
         rid, k = str(record["id"]), len(record["responses"])
-        for vote in _submitted(record):
+        for vote in submitted_votes(record):
             user, value = str(vote["user_id"]), vote["values"][QUESTION]
             users.add(user)
             if k == 2 and isinstance(value, str):
@@ -208,7 +208,7 @@ def resolve(records: Iterable[Mapping], min_votes: int = 1) -> tuple[list[dict],
             outcome, chosen, rejected = decide(record, min_votes)
         except DataError as exc:
             raise DataError(f"record '{record['id']}': {exc}") from None
-        row = _row(record, chosen, rejected) if outcome == "used" else None
+        row = pair_row(record, chosen, rejected) if outcome == "used" else None
         if outcome == "used" and row is None:
             outcome = "unusable"
         counts[outcome] += 1
@@ -285,5 +285,13 @@ def write_preference_run(runs: Any, name: str, rows: list[dict], report: dict, p
         metrics = {f"annotate/{key}": value for key, value in report.get("counts", {}).items()}
         metrics |= {"annotate/rows": len(rows), "annotate/agreement": agreement_info.get("value"),
                     "annotate/annotators": agreement_info.get("annotators")}
+        review = report.get("review")
+        if review:   # judge-assisted review (smolforge.annotate.review)
+            metrics |= {f"annotate/review_{key}": review[key] for key in ("pairs", "sent_to_people", "accepted",
+                                                                        "accepted_rows")}
+            metrics |= {"annotate/judge_kappa": review["judge_vs_people"]["kappa"],
+                        "annotate/judge_accuracy": review["judge_vs_people"]["accuracy"],
+                        "annotate/judge_annotator_kappa": review["judge_vs_annotators_mean_kappa"],
+                        "annotate/audit_accuracy": review["audit_agreement"]["accuracy"]}
         run.finish(metrics=metrics)
     return run

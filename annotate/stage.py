@@ -46,6 +46,7 @@ from smolforge.runs import Run, Runs, utc_now
 from .generate import SAMPLING_DEFAULTS, response_runs
 from .prompts import load_prompts
 from .push import MAX_CHARS
+from .review import Review
 
 log = logging.getLogger(__name__)
 for _chatty in ("argilla.sdk", "httpx"):  # one line per SDK call or HTTP request otherwise
@@ -90,6 +91,8 @@ class Recipe:
     wait: float = 0.0                 # pipeline step: seconds to wait for every record to be answered
     poll: float = 10.0                # seconds between progress checks while waiting
     scripted: Scripted | None = None  # demo/tests: scripted annotators answer after the push
+    review: Review | None = None      # an LLM judge reads every pair first: send all (its verdict hidden) or only
+                                      #   the pairs it is unsure of to people (smolforge.annotate.review)
     max_chars: int = MAX_CHARS        # longest prompt or response to push (200k); longer stops the push, named
 
 
@@ -116,9 +119,14 @@ def _conversational(rows: list[dict], source: str) -> bool:
 def schema_for(recipe: Recipe, conversational: bool) -> dict:
     from .records import review_schema
 
-    return review_schema(recipe.k, conversational=conversational, rating=recipe.rating, comment=recipe.comment,
-                         guidelines=_guidelines(recipe), min_submitted=recipe.annotators,
-                         sampling=dataclasses.asdict(recipe.sampling))
+    from .review import METADATA
+
+    schema = review_schema(recipe.k, conversational=conversational, rating=recipe.rating, comment=recipe.comment,
+                           guidelines=_guidelines(recipe), min_submitted=recipe.annotators,
+                           sampling=dataclasses.asdict(recipe.sampling))
+    if recipe.review is not None:
+        schema["metadata"] |= METADATA     # hidden from annotators, as the run ids are
+    return schema
 
 
 def check_recipe(recipe: Recipe) -> None:
@@ -149,6 +157,10 @@ def check_recipe(recipe: Recipe) -> None:
         raise RecipeError(f"url must start with http:// or https://, got {recipe.url!r}")
     if recipe.url is not None and not os.environ.get("ARGILLA_API_KEY"):
         raise RecipeError(f"url: {recipe.url} needs $ARGILLA_API_KEY (an owner's or admin's API key)")
+    if recipe.review is not None:
+        from .review import check
+
+        check(recipe.review, recipe.k)
 
 
 def validate(recipe: Recipe, runs: Runs) -> None:
@@ -164,6 +176,10 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     _guidelines(recipe)
     if recipe.url is None:
         argilla_python()  # the embedded server must be installed
+    if recipe.review is not None:
+        from .review import judge_endpoint
+
+        judge_endpoint(recipe.review, None)   # the judge answers and serves its model, before any sampling
 
 
 def home_of(recipe: Recipe, runs: Runs) -> Path:
@@ -209,17 +225,58 @@ def push(recipe: Recipe, runs: Runs, url: str, api_key: str) -> tuple[dict, dict
     sampling = dataclasses.asdict(recipe.sampling)
     responses = generate_responses(model_dirs, [row["prompt"] for row in rows], recipe.k, sampling, backend=backend)
     generated_s = time.perf_counter() - started
-    items = [build_record(row["prompt"], texts, response_runs(recipe.runs, recipe.k), sampling)
-             for row, texts in zip(rows, responses)]
-    summary = push_records(client, recipe.dataset, recipe.workspace, schema, items, max_chars=recipe.max_chars)
-    summary |= {"prompts": len(rows), "k": recipe.k, "runs": list(recipe.runs), "generation": backend,
-                "generation_s": round(generated_s, 2), "url": url}
-    answers = {item["id"]: row["answer"] for item, row in zip(items, rows) if "answer" in row}
     print(f"sampled {recipe.k} responses for each of {len(rows)} prompts with {backend} in {generated_s:.1f} s",
           flush=True)
+    items = [build_record(row["prompt"], texts, response_runs(recipe.runs, recipe.k), sampling)
+             for row, texts in zip(rows, responses)]
+    answers = {item["id"]: row["answer"] for item, row in zip(items, rows) if "answer" in row}
+    routed = _judge_first(recipe, runs, items, answers) if recipe.review is not None else None
+    to_push = [item for item in items if routed is None or routed[item["id"]] != "accepted"]
+    if to_push:
+        summary = push_records(client, recipe.dataset, recipe.workspace, schema, to_push, max_chars=recipe.max_chars)
+    else:   # the judge settled every pair and no audit was asked for: people have nothing to see
+        summary = {"dataset": recipe.dataset, "workspace": recipe.workspace, "records": 0, "new": 0, "updated": 0,
+                   "total": None}
+    summary |= {"prompts": len(rows), "k": recipe.k, "runs": list(recipe.runs), "generation": backend,
+                "generation_s": round(generated_s, 2), "url": url}
+    if routed is not None:
+        from collections import Counter
+
+        summary["review"] = dict(Counter(routed.values()))
+        print(f"the judge read {len(items)} pairs: {len(to_push)} go to people "
+              f"({', '.join(f'{n} {where}' for where, n in sorted(summary['review'].items()))})", flush=True)
     print(f"pushed {summary['records']} records to {recipe.workspace}/{recipe.dataset} at {url} "
           f"({summary['new']} new, {summary['updated']} updated; {summary['total']} in the dataset)", flush=True)
     return summary, answers
+
+
+def review_store(recipe: Recipe, runs: Runs) -> Path:
+    """Where the judge's reading of this recipe's dataset is kept (:func:`smolforge.annotate.review.store_path`)."""
+    from .review import store_path
+
+    server = recipe.url.rstrip("/") if recipe.url else str(home_of(recipe, runs).resolve())
+    return store_path(runs.cache_dir("review"), server, recipe.workspace, recipe.dataset)
+
+
+def _judge_first(recipe: Recipe, runs: Runs, items: list[dict], answers: dict[str, str]) -> dict[str, str]:
+    """Judge every pair, route it (:func:`smolforge.annotate.review.route`), put the verdict into the
+    record's hidden metadata and keep it in :func:`review_store`; ``{record id: route}``."""
+    from .review import judge_endpoint, judge_items, metadata, route, save
+
+    judge = judge_endpoint(recipe.review, runs.cache_dir("judge"))
+    started = time.perf_counter()
+    judged = judge_items(judge, items, answers, recipe.review)
+    routes = route(judged, recipe.review)
+    for item in items:
+        item["metadata"] |= metadata(judged[item["id"]], routes[item["id"]])
+    save(review_store(recipe, runs), {
+        item["id"]: {**judged[item["id"]], "route": routes[item["id"]], "judge": judge.identity,
+                     "prompt": item["fields"]["prompt"], "responses": [item["fields"]["response_1"],
+                                                                       item["fields"]["response_2"]]}
+        for item in items})
+    print(f"judged {len(items)} pairs with {judge.identity} in {time.perf_counter() - started:.1f} s "
+          f"({judge.asked} requests, {judge.cached} cached)", flush=True)
+    return routes
 
 
 def _backend(recipe: Recipe, model_dirs: dict[str, Path]) -> str:
@@ -282,7 +339,16 @@ def pull(recipe: Recipe, runs: Runs, url: str, api_key: str, *, overwrite: bool 
     started = time.perf_counter()
     records = fetch(recipe, url, api_key)
     fetched_s = time.perf_counter() - started
-    rows, report = resolve(records, min_votes=recipe.min_votes or recipe.annotators)
+    min_votes = recipe.min_votes or recipe.annotators
+    rows, report = resolve(records, min_votes=min_votes)
+    if recipe.review is not None:
+        from .review import load, merge
+
+        entries = load(review_store(recipe, runs))
+        if not entries:
+            raise RecipeError(f"review: no judged pairs kept for {recipe.workspace}/{recipe.dataset} "
+                              f"({review_store(recipe, runs)}); push with this review: first")
+        rows, report = merge(rows, report, records, entries, min_votes)
     report |= {"dataset": recipe.dataset, "workspace": recipe.workspace, "url": url,
                "pull_s": round(fetched_s, 2)} | (extra_report or {})
     parents: list[Any] = [runs.get(name) for name in recipe.runs if _exists(runs, name)]
@@ -368,5 +434,13 @@ def summary(run_: Run) -> str:
     agree = report.get("agreement") or {}
     value = agree.get("value")
     agreement = f"{agree.get('metric')} {value:.3f}" if value is not None else "agreement undefined"
-    return (f"{report['records']} records: {counts}; {agree.get('annotators', 0)} annotators, {agreement}; "
+    line = (f"{report['records']} records: {counts}; {agree.get('annotators', 0)} annotators, {agreement}; "
             f"{run_.metrics.get('annotate/rows')} preference pairs in {run_.data_shard_dir('prefs')}")
+    review = report.get("review")
+    if review:
+        judged = review["judge_vs_people"]
+        line += (f"\njudge: {review['pairs']} pairs, {review['sent_to_people']} sent to people ({review['uncertain']} "
+                 f"uncertain, {review['audit']} audit), {review['accepted']} accepted ({review['accepted_rows']} pairs); "
+                 f"against the people: kappa {judged['kappa']}, accuracy {judged['accuracy']} on {judged['items']}, "
+                 f"audit agreement {review['audit_agreement']['accuracy']} on {review['audit_agreement']['items']}")
+    return line

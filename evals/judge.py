@@ -11,6 +11,9 @@ for the duration). ``mode``:
 - ``pairwise``: which of two responses is better (A, B or a tie). Every pair is judged in both orders and
   gets a verdict only where both agree; how often they do not is the judge's *position bias*. With the
   first token's log-probs (vLLM and OpenAI give them) each verdict carries a margin, |P(A) - P(B)|.
+  ``verdict: balanced`` decides instead by the probability that a response wins averaged over both
+  orders (:mod:`smolforge.generation.judge.verdicts`): a judge that always answers "A" (as the 135M
+  SmolLM2 does) can still separate pairs by how hard it leans.
 - ``pointwise``: a score on a rubric's scale (``rubric:``, a YAML file: name, scale, criteria) and the
   judge's reason.
 - ``reference``: pairwise, with a reference answer in every row shown to the judge.
@@ -42,9 +45,9 @@ from smolforge.table import render_table
 
 from smolforge.generation.judge.endpoint import JudgeEndpoint, cache_for
 from smolforge.generation.judge.items import BUILTIN_SANITY, MODES, read_rows
-from smolforge.generation.judge.prompts import (choice_margin, load_rubric, pairwise_messages, parse_choice,
-                                                parse_score, pointwise_messages)
-from smolforge.generation.judge.verdicts import combine, combined_margin, summarise
+from smolforge.generation.judge.pairs import judge_pairs, judge_points
+from smolforge.generation.judge.prompts import load_rubric
+from smolforge.generation.judge.verdicts import RULES, summarise
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +69,8 @@ class Recipe:
     items: str = ""                   # .jsonl: pairs {prompt, response_a, response_b} or {prompt, chosen, rejected};
                                       #   pointwise {prompt, response}; a `reference` answer where a row has one
     mode: str = "pairwise"            # pairwise | pointwise | reference (pairwise, a reference in every row)
+    verdict: str = "agree"            # pairs: agree (both orders must agree) | balanced (P(x wins) averaged over
+                                      #   both orders from the first token's log-probs: for position-biased judges)
     judge: JudgeSpec = field(default_factory=JudgeSpec)
     rubric: str | None = None         # pointwise: a rubric YAML (name, scale: [low, high], criteria)
     sanity: str = "builtin"           # builtin | none | a .jsonl of {prompt, chosen, rejected}: judged first
@@ -85,6 +90,8 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         raise RecipeError("items: name a .jsonl of the pairs (or responses) to judge")
     if (recipe.judge.endpoint is None) == (recipe.judge.run is None):
         raise RecipeError("judge: give either endpoint (a served model's base URL) or run (a run to serve)")
+    if recipe.verdict not in RULES:
+        raise RecipeError(f"verdict must be one of {', '.join(RULES)}, got {recipe.verdict!r}")
     if recipe.mode == "pointwise" and not recipe.rubric:
         raise RecipeError("rubric: pointwise judging needs a rubric YAML (name, scale, criteria)")
     if recipe.mode != "pointwise" and recipe.rubric:
@@ -124,7 +131,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         metrics = {"judge/identity": judge.identity, "judge/mode": recipe.mode,
                    **({"judge/rubric_sha256": rubric.sha256} if rubric else {})}
         if sanity:
-            judged = judge_pairs(judge, sanity, max_tokens=recipe.max_tokens or PAIRWISE_TOKENS, what="sanity suite")
+            judged = judge_pairs(judge, sanity, max_tokens=recipe.max_tokens or PAIRWISE_TOKENS, what="sanity suite",
+                                 rule=recipe.verdict)
             _write_rows(run.sanity_path, judged)
             figures = summarise(judged)
             metrics.update({"judge/sanity_accuracy": figures["label_agreement"],
@@ -137,7 +145,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
             judged = judge_points(judge, rows, rubric, max_tokens=recipe.max_tokens or POINTWISE_TOKENS)
             metrics.update(_point_figures(judged))
         else:
-            judged = judge_pairs(judge, rows, max_tokens=recipe.max_tokens or PAIRWISE_TOKENS)
+            judged = judge_pairs(judge, rows, max_tokens=recipe.max_tokens or PAIRWISE_TOKENS, rule=recipe.verdict)
             metrics.update({f"judge/{k}": v for k, v in summarise(judged).items() if v is not None})
         _write_rows(run.verdicts_path, judged)
         metrics.update({"judge/requests": judge.asked, "judge/cached": judge.cached,
@@ -145,33 +153,6 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         run.finish(metrics)
     _print(run)
     return run
-
-
-def judge_pairs(judge: JudgeEndpoint, rows: list[dict], *, max_tokens: int, what: str = "pairs") -> list[dict]:
-    """Each pair judged in both orders: its two readings, the verdict where they agree, the margin."""
-    chats = []
-    for row in rows:
-        chats.append(pairwise_messages(row["prompt"], row["response_a"], row["response_b"], row.get("reference")))
-        chats.append(pairwise_messages(row["prompt"], row["response_b"], row["response_a"], row.get("reference")))
-    answers = judge.ask(chats, max_tokens=max_tokens, what=what)
-    judged = []
-    for row, first, second in zip(rows, answers[0::2], answers[1::2]):
-        readings = [{"reply": a["reply"], "choice": parse_choice(a["reply"]), "margin": choice_margin(a["top"])}
-                    for a in (first, second)]
-        verdict = combine(readings[0]["choice"], readings[1]["choice"])
-        margin = combined_margin(readings[0]["margin"], readings[1]["margin"], verdict["consistent"])
-        judged.append({**row, "orders": readings, **verdict, "margin": margin})
-    return judged
-
-
-def judge_points(judge: JudgeEndpoint, rows: list[dict], rubric, *, max_tokens: int) -> list[dict]:
-    """Each response graded on ``rubric``: the score (None when unreadable) and the judge's reason."""
-    chats = [pointwise_messages(r["prompt"], r["response"], rubric, r.get("reference")) for r in rows]
-    judged = []
-    for row, answer in zip(rows, judge.ask(chats, max_tokens=max_tokens, what="responses")):
-        score, reason = parse_score(answer["reply"], rubric)
-        judged.append({**row, "reply": answer["reply"], "score": score, "reason": reason})
-    return judged
 
 
 def _point_figures(judged: list[dict]) -> dict:

@@ -265,6 +265,7 @@ def pytest_collection_modifyitems(items):
 
 # Files that share a session server go to one worker (else each worker would start its own).
 ONE_WORKER = {"test_annotate_server.py": "argilla-server", "test_annotate_ui.py": "argilla-server",
+              "test_real_model_served.py": "argilla-server",
               "test_annotate_postgres.py": "argilla-server"}
 
 

@@ -209,3 +209,65 @@ def test_synthetic_answers_are_graded_and_kept_as_sft_rows_and_pairs_with_their_
             assert rows[0]["messages"][-1]["content"] == max(graded, key=lambda c: c["score"])["text"]
         else:
             assert rows == []
+
+
+SUMS = [(3, 4), (12, 5), (9, 9), (20, 7), (6, 8), (15, 15), (2, 11), (30, 4)]
+
+
+def test_the_judge_reviews_first_and_people_get_only_the_pairs_it_is_unsure_of(real_model_run, runs, served, tmp_path,
+                                                                                argilla_server, monkeypatch):
+    """Judge-assisted review with the real 135M judge (balanced verdicts) on a team's Argilla: calibration
+    first (every pair to people, the verdict hidden), then review only where it is unsure, at the median
+    margin, with an audit sample of the accepted verdicts; scripted annotators answer what people see."""
+    from smolforge.annotate import review as review_mod
+    from smolforge.annotate import stage as annotate
+    from smolforge.annotate.push import open_dataset
+
+    monkeypatch.setenv("ARGILLA_API_KEY", argilla_server.api_key)
+    judge = {"endpoint": served, "model": real_model_run.name}
+    prompts = tmp_path / "sums.jsonl"           # answers the 135M model gets right only some of the time
+    prompts.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with "
+                                                                                  "the number."}],
+                                           "answer": str(a + b)}) + "\n" for a, b in SUMS))
+
+    def review(name: str, **settings):
+        recipe = build_stage_recipe(load_stage("annotate"), {
+            "name": name, "runs": [real_model_run.name], "prompts": str(prompts), "dataset": name,
+            "generation": "hf", "url": argilla_server.url, "annotators": 2, "scripted": {"annotators": 2},
+            "sampling": {"temperature": 1.0, "max_new_tokens": 12, "seed": 0},
+            "review": {"judge": judge, "verdict": "balanced", **settings}}, source="annotate (test)")
+        annotate.validate(recipe, runs)
+        return recipe, annotate.run(recipe, runs, overwrite=True)
+
+    recipe, everything = review("review-all", send="all")
+    store = review_mod.load(annotate.review_store(recipe, runs))
+    report = json.loads(everything.annotations_path.read_text())
+    dataset = open_dataset(argilla_server.url, argilla_server.api_key, "review-all", "argilla")
+    hidden = {m.name: m.visible_for_annotators for m in dataset.settings.metadata}
+    assert hidden["judge_verdict"] is False and hidden["judge_margin"] is False      # annotators never see it
+    pushed = {r.id: r.metadata for r in dataset.records}
+    assert len(store) == len(pushed) == 8 and all(e["route"] == "all" for e in store.values())
+    assert all(pushed[rid]["judge_verdict"] == (e["verdict"] or "unsure") for rid, e in store.items())
+    calibration = report["review"]
+    assert (calibration["pairs"], calibration["sent_to_people"], calibration["accepted"]) == (8, 8, 0)
+    assert sum(sum(c.values()) for c in calibration["confusion"].values()) <= 8
+    assert everything.metrics["annotate/judge_kappa"] == calibration["judge_vs_people"]["kappa"]
+
+    margins = sorted(e["margin"] for e in store.values() if e["margin"] is not None)
+    median = margins[len(margins) // 2]
+    recipe, unsure_only = review("review-unsure", send="uncertain", min_margin=median, audit=0.5, seed=1)
+    routes = {rid: e["route"] for rid, e in review_mod.load(annotate.review_store(recipe, runs)).items()}
+    assert set(routes) == set(store)                 # the same pairs: every judge reply came from the cache
+    shown = {r.id for r in open_dataset(argilla_server.url, argilla_server.api_key, "review-unsure", "argilla").records}
+    assert shown == {rid for rid, where in routes.items() if where in ("uncertain", "audit")}
+    assert {rid for rid, where in routes.items() if where == "uncertain"} == {
+        rid for rid, e in store.items() if e["verdict"] is None or e["margin"] is None or e["margin"] < median}
+    section = json.loads(unsure_only.annotations_path.read_text())["review"]
+    assert section["sent_to_people"] == len(shown) < 8 and section["accepted"] == 8 - len(shown) >= 1
+    sure = section["accepted"] + section["audit"]
+    assert section["audit"] == max(1, round(0.5 * sure))         # half the sure verdicts, checked blind
+    assert unsure_only.metrics["annotate/rows"] == section["people_rows"] + section["accepted_rows"]
+    print(f"\nreal 135M judge in review (balanced): kappa vs people {calibration['judge_vs_people']}, "
+          f"vs annotators {calibration['judge_vs_annotators_mean_kappa']}, annotators "
+          f"{report['agreement']['value']}; review where unsure: {section['sent_to_people']} of 8 to people, "
+          f"audit {section['audit_agreement']}")

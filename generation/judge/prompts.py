@@ -27,7 +27,7 @@ import yaml
 from smolforge.errors import RecipeError
 
 __all__ = ["CHOICES", "Rubric", "load_rubric", "render", "pairwise_messages", "pointwise_messages", "parse_choice",
-           "choice_margin", "parse_score", "swap"]
+           "first_probability", "choice_margin", "parse_score", "swap"]
 
 CHOICES = ("A", "B", "T")   # the first response, the second, a tie
 
@@ -116,6 +116,23 @@ def parse_choice(reply: str) -> str | None:
 def choice_margin(top: dict[str, float] | None) -> float | None:
     """How sure the judge was: |P(A) - P(B)| / (P(A) + P(B)) over its first token's top log-probs (tokens
     compared without spaces and case), rounded to 3 places; None where neither letter is among them."""
+    first = first_probability(top)
+    return None if first is None else round(abs(2 * first - 1), 3)
+
+
+def first_probability(top: dict[str, float] | None) -> float | None:
+    """P(A) / (P(A) + P(B)) over the first token's top log-probs (tokens compared without spaces and case):
+    how strongly the judge leans to the response shown first; None where neither letter is among them.
+    A letter missing from the top log-probs is at most as likely as the least likely one listed, which
+    stands in for it (so one order's reading is never a certain 1 or 0 just because the list is short).
+
+    >>> round(first_probability({"A": math.log(0.6), " B": math.log(0.2), "The": -0.1}), 3)
+    0.75
+    >>> round(first_probability({"A": math.log(0.9), "The": math.log(0.05)}), 3)   # B below 0.05
+    0.947
+    >>> first_probability({"The": -0.1}) is None
+    True
+    """
     if not top:
         return None
     prob = {"A": 0.0, "B": 0.0}
@@ -123,8 +140,11 @@ def choice_margin(top: dict[str, float] | None) -> float | None:
         letter = token.strip().upper()
         if letter in prob:
             prob[letter] += math.exp(logprob)
-    total = prob["A"] + prob["B"]
-    return round(abs(prob["A"] - prob["B"]) / total, 3) if total > 0 else None
+    if prob["A"] + prob["B"] == 0:
+        return None
+    floor = math.exp(min(top.values()))
+    prob = {letter: p or floor for letter, p in prob.items()}
+    return prob["A"] / (prob["A"] + prob["B"])
 
 
 def swap(choice: str | None) -> str | None:
