@@ -1,4 +1,4 @@
-"""The alignment stages, declared (sft, dpo, orpo, reward, grpo, rloo, ppo, merge), with examples for their help.
+"""The alignment stages, declared (sft, dpo, orpo, reward, grpo, rloo, ppo, distill, merge), with examples for their help.
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
@@ -28,6 +28,8 @@ STAGES = (
               example="smolforge rloo --config recipes/demo/rloo.yaml --set rewards=[arith_verifier]"),
     StageSpec("ppo", "smolforge.alignment.ppo.stage", makes_model=True, trains=True,
               example="smolforge ppo --config recipes/demo/ppo.yaml --set ppo.steps=10"),
+    StageSpec("distill", "smolforge.alignment.distill", makes_model=True, trains=True,
+              example="smolforge distill --config recipes/demo/distill.yaml --set divergence=reverse_kl"),
     StageSpec("merge", "smolforge.alignment.merge", makes_model=True,
               example="smolforge merge --config recipes/demo/merge.yaml --set method=slerp --set t=0.3"),
 )
@@ -38,4 +40,5 @@ def register(cli: Commands) -> None:
         cli.stage(spec)
     # training summaries stay in run.json; RL's held-out reward is a score
     cli.summary(hide=["train/*", "sft/*", "reward/*", "ppo/*", "rl/heldout_prompts", "rl/train_prompts",
-                      "rl/generation", "rl/weight_syncs", "merge/*"])
+                      "rl/generation", "rl/weight_syncs", "merge/*", "distill/divergence", "distill/beta",
+                      "distill/teacher", "distill/heldout_prompts", "distill/train_prompts"])
