@@ -24,11 +24,12 @@ majority, its confusion matrix, its accuracy per verdict, and the audit sample's
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import random
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,7 @@ from smolforge.errors import RecipeError
 from smolforge.recipe import FRACTION
 from smolforge.runs import atomic_writer
 
-__all__ = ["Review", "SEND", "check", "judge_endpoint", "judge_items", "route", "metadata", "store_path",
+__all__ = ["Review", "SEND", "check", "judge_endpoint", "served_judge", "judge_items", "route", "metadata", "store_path",
            "save", "load", "accepted_rows", "calibration", "merge"]
 
 SEND = ("all", "uncertain")
@@ -47,7 +48,7 @@ METADATA = {"judge_verdict": {"type": "terms"}, "judge_margin": {"type": "float"
 
 @dataclass
 class Review:
-    judge: dict = field(default_factory=dict)  # {endpoint: URL, model: NAME, api_key_env: VAR}: the judge
+    judge: dict = field(default_factory=dict)  # {endpoint: URL, model: NAME, api_key_env: VAR}, or {run: RUN}
     send: str = "all"                 # all: every pair to people, verdict hidden (calibration) | uncertain
     verdict: str = "agree"            # agree (both orders must agree) | balanced (log-probs over both orders)
     min_margin: float = field(default=0.0, metadata=FRACTION)  # uncertain: a verdict below this margin goes to people
@@ -64,10 +65,12 @@ def check(review: Review, k: int) -> None:
     """The review settings, before anything runs."""
     from smolforge.generation.judge.verdicts import RULES
 
-    unknown = sorted(set(review.judge) - {"endpoint", "model", "api_key_env"})
-    if not review.judge.get("endpoint") or unknown:
-        raise RecipeError("review.judge: expected {endpoint: URL, model: NAME, api_key_env: VAR}"
-                          + (f"; unknown field(s) {', '.join(unknown)}" if unknown else "; endpoint is missing"))
+    unknown = sorted(set(review.judge) - {"endpoint", "run", "model", "api_key_env"})
+    if unknown or bool(review.judge.get("endpoint")) == bool(review.judge.get("run")):
+        raise RecipeError("review.judge: expected {endpoint: URL, model: NAME, api_key_env: VAR} or {run: RUN} "
+                          "(a run served by vLLM while it judges)"
+                          + (f"; unknown field(s) {', '.join(unknown)}" if unknown else
+                             "; give one of endpoint and run"))
     if k != 2:
         raise RecipeError(f"review: the judge compares two responses; k must be 2, got {k}")
     if review.send not in SEND:
@@ -78,17 +81,35 @@ def check(review: Review, k: int) -> None:
         raise RecipeError("review: max_tokens and workers >= 1, rate >= 0 and timeout > 0 are needed")
 
 
-def judge_endpoint(review: Review, cache_dir: Path | None) -> Any:
+def judge_endpoint(review: Review, cache_dir: Path | None, *, base_url: str | None = None, model: str | None = None,
+                   identity: str | None = None) -> Any:
     """The judge, its model checked at the endpoint (a RecipeError or ServiceError naming it otherwise)."""
     from smolforge.generation.judge.endpoint import JudgeEndpoint, cache_for
 
     spec = review.judge
-    judge = JudgeEndpoint(spec["endpoint"], spec.get("model") or "", api_key_env=spec.get("api_key_env"),
-                          workers=review.workers, rate=review.rate, timeout=review.timeout, progress=True)
+    judge = JudgeEndpoint(base_url or spec["endpoint"], model or spec.get("model") or "",
+                          api_key_env=spec.get("api_key_env"), workers=review.workers, rate=review.rate,
+                          timeout=review.timeout, progress=True, identity=identity)
     judge.check_model("review.judge.model")
     if cache_dir is not None:
         judge.cache = cache_for(cache_dir, judge.identity)
     return judge
+
+
+@contextlib.contextmanager
+def served_judge(review: Review, runs: Any, log_path: Path) -> Iterator[Any]:
+    """The judge for one push: the recipe's endpoint, or its ``run`` served by vLLM until the judging ends
+    (named, and cached, by the run's folder: the server gets a new port each time)."""
+    if review.judge.get("endpoint"):
+        yield judge_endpoint(review, runs.cache_dir("judge"))
+        return
+    from smolforge.generation.vllm_server import VLLMServer
+
+    target = runs.get(review.judge["run"])
+    with VLLMServer(target.model_dir, served_name=target.name, log_path=log_path) as server:
+        print(f"serving the judge {target.name} at {server.url} (ready in {server.ready_s:.1f} s)", flush=True)
+        yield judge_endpoint(review, runs.cache_dir("judge"), base_url=server.url + "/v1", model=target.name,
+                             identity=f"run:{target.path.resolve()}")
 
 
 def judge_items(judge: Any, items: list[dict], references: Mapping[str, str], review: Review) -> dict[str, dict]:

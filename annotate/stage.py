@@ -176,7 +176,10 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     _guidelines(recipe)
     if recipe.url is None:
         argilla_python()  # the embedded server must be installed
-    if recipe.review is not None:
+    if recipe.review is not None and recipe.review.judge.get("run"):
+        if not (runs.get(recipe.review.judge["run"]).model_dir / "config.json").is_file():
+            raise RecipeError(f"review.judge.run: '{recipe.review.judge['run']}' has no model/ to judge with")
+    elif recipe.review is not None:
         from .review import judge_endpoint
 
         judge_endpoint(recipe.review, None)   # the judge answers and serves its model, before any sampling
@@ -261,11 +264,12 @@ def review_store(recipe: Recipe, runs: Runs) -> Path:
 def _judge_first(recipe: Recipe, runs: Runs, items: list[dict], answers: dict[str, str]) -> dict[str, str]:
     """Judge every pair, route it (:func:`smolforge.annotate.review.route`), put the verdict into the
     record's hidden metadata and keep it in :func:`review_store`; ``{record id: route}``."""
-    from .review import judge_endpoint, judge_items, metadata, route, save
+    from .review import judge_items, metadata, route, save, served_judge
 
-    judge = judge_endpoint(recipe.review, runs.cache_dir("judge"))
-    started = time.perf_counter()
-    judged = judge_items(judge, items, answers, recipe.review)
+    log_path = runs.cache_dir("review") / f"{recipe.dataset}-judge-vllm.log"
+    with served_judge(recipe.review, runs, log_path) as judge:
+        started = time.perf_counter()
+        judged = judge_items(judge, items, answers, recipe.review)
     routes = route(judged, recipe.review)
     for item in items:
         item["metadata"] |= metadata(judged[item["id"]], routes[item["id"]])

@@ -110,7 +110,8 @@ def test_the_balanced_rule_separates_pairs_a_judge_that_always_answers_a_cannot(
 
 
 @pytest.mark.parametrize("changes, k, message", [
-    ({"judge": {}}, 2, "review.judge: expected {endpoint: URL, model: NAME, api_key_env: VAR}; endpoint is missing"),
+    ({"judge": {}}, 2, "review.judge: expected {endpoint: URL, model: NAME, api_key_env: VAR} or {run: RUN}"),
+    ({"judge": {"endpoint": "http://x/v1", "run": "sft-demo"}}, 2, "give one of endpoint and run"),
     ({"judge": {"endpoint": "http://x/v1", "key": "s"}}, 2, "unknown field(s) key"),
     ({}, 3, "review: the judge compares two responses; k must be 2, got 3"),
     ({"send": "some"}, 2, "review.send must be one of all, uncertain, got 'some'"),
