@@ -1,17 +1,26 @@
-"""The real-model lane, served: one ``smolforge serve`` of SmolLM2-135M-Instruct (vLLM, fp32) for the module.
-The ``openai`` SDK chats with it (whole and streamed) and gets HF's greedy answer; each standard lm-eval
-task staged from hand-written rows in its hub layout (tests/standard_task_rows.py) is scored by HF
-in-process and through the endpoint, document for document."""
+"""The real-model lane, served: one ``smolforge serve`` of SmolLM2-135M-Instruct (vLLM, fp32) for the module,
+on all interfaces with an API key (every client below sends it, from ``$OPENAI_API_KEY`` or through
+``api_key_env``). It answers only with its key; the ``openai`` SDK chats with it (whole and streamed) and
+gets HF's greedy answer; the embedded suite and each standard lm-eval task staged from hand-written rows in
+its hub layout (tests/standard_task_rows.py) are scored by HF in-process and through the endpoint, document
+for document; the judge, judge rewards, synthetic data and judge-assisted review run against it; SIGTERM
+ends the command and its server, and the key is never in the log."""
 from __future__ import annotations
 
 import json
+import os
+import re
 import signal
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
 
 import pytest
 from conftest import REPO, needs_vllm
 
+from smolforge.processes import ephemeral_range
 from smolforge.recipe import build_stage_recipe
 from smolforge.registry import load_stage
 from standard_task_rows import STAGED_TASKS
@@ -19,21 +28,87 @@ from standard_task_rows import STAGED_TASKS
 pytestmark = [pytest.mark.slow, needs_vllm]
 
 QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+KEY_ENV = "OPENAI_API_KEY"      # what the eval stage's endpoint client reads; the judge's api_key_env names it
+SERVED: dict = {}               # the command's ready line, the server's PID and the key, for the checks below
 
 
 @pytest.fixture(scope="module")
-def served(real_model_run, runs):
-    """``smolforge serve`` of the imported model on 127.0.0.1; its base URL, stopped by SIGTERM at the end."""
+def served(real_model_run, runs, tmp_path_factory):
+    """``smolforge serve`` of the imported model on 0.0.0.0 with an API key (``$OPENAI_API_KEY`` for the
+    module); its base URL on 127.0.0.1. SIGTERM at the end: the command exits 0, its server is gone, and
+    the key appears neither in its output nor in the server's log."""
+    key_file = tmp_path_factory.mktemp("serve-key") / "key"
+    key_file.write_text("k3y-" + os.urandom(12).hex() + "\n")
+    key = key_file.read_text().strip()
+    before = os.environ.get(KEY_ENV)
+    os.environ[KEY_ENV] = key
     cli = subprocess.Popen([sys.executable, "-m", "smolforge", "--runs-dir", str(runs.root), "serve",
-                            real_model_run.name, "--max-model-len", "1024"], cwd=REPO, stdout=subprocess.PIPE,
+                            real_model_run.name, "--max-model-len", "1024", "--host", "0.0.0.0",
+                            "--api-key-file", str(key_file)], cwd=REPO, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
     try:
         line = cli.stdout.readline()                     # blocks until ready (or the CLI ends)
-        assert line.startswith(f"serving {real_model_run.name} "), line + cli.stderr.read()
-        yield line.split(" at ")[1].split(" ")[0]
+        assert re.match(rf"serving {real_model_run.name} as '{real_model_run.name}' at http://0\.0\.0\.0:\d+/v1 "
+                        ".*requests need the API key", line), line + cli.stderr.read()
+        port = int(line.split("http://0.0.0.0:")[1].split("/")[0])
+        SERVED.update(line=line, key=key, port=port, pid=int(line.split("(pid ")[1].split(",")[0]))
+        yield f"http://127.0.0.1:{port}/v1"              # 0.0.0.0 answers on loopback too
     finally:
         cli.send_signal(signal.SIGTERM)
-        assert cli.wait(timeout=60) == 0
+        code = cli.wait(timeout=60)
+        if before is None:
+            os.environ.pop(KEY_ENV, None)
+        else:
+            os.environ[KEY_ENV] = before
+    assert code == 0
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(SERVED["pid"], 0)                        # the server went with the command
+    log = (real_model_run.path / "serve" / "vllm.log").read_text()
+    assert log and key not in log and key not in SERVED["line"]
+
+
+def get_json(url: str, key: str | None = None):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=30) as reply:
+        return reply.status, json.loads(reply.read() or b"null")
+
+
+def test_the_server_on_all_interfaces_answers_only_with_its_key_and_scores_as_hf_does(real_model_run, runs, served,
+                                                                                    monkeypatch):
+    """vLLM's own key check on /v1 (health stays open); the eval stage scores the embedded suite through
+    the endpoint with the key from $OPENAI_API_KEY, document for document as HF does in-process."""
+    from smolforge.errors import ServiceError
+
+    assert SERVED["port"] < ephemeral_range()[0]        # picked below the ephemeral range
+    assert get_json(served.removesuffix("/v1") + "/health")[0] == 200
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        get_json(served + "/models")
+    assert refused.value.code == 401
+    assert [m["id"] for m in get_json(served + "/models", SERVED["key"])[1]["data"]] == [real_model_run.name]
+
+    def score_through() -> None:
+        stage = load_stage("eval")
+        recipe = build_stage_recipe(stage, {"suite": "embedded", "run": real_model_run.name, "limit": 4,
+                                            "parity": "endpoint", "endpoint": served}, source="eval (test)")
+        stage.validate(recipe, runs)
+        stage.run(recipe, runs)
+
+    monkeypatch.delenv(KEY_ENV)
+    with pytest.raises(ServiceError, match=r"/v1/completions: .*401"):
+        score_through()
+    monkeypatch.setenv(KEY_ENV, SERVED["key"])
+    score_through()
+    report = json.loads((real_model_run.eval_dir / "embedded-parity.json").read_text())
+    assert (report["first"], report["second"], report["agree"]) == ("hf", "endpoint", True)
+    assert set(report["tasks"]) == {"arith", "facts", "instruct", "prefs", "reason"}
+    for task in report["tasks"].values():
+        assert task["documents"] == 4 and task["documents_differing"] == 0
+    margin = report["tasks"]["prefs"]["metrics"]["margin"]
+    assert abs(margin["diff"]) < 1e-4 and margin["first"] != 0       # log-likelihoods really compared
+    result = json.loads((real_model_run.eval_dir / "embedded.json").read_text())
+    assert result["backend"] == "hf" and result["tasks"]["instruct"]["apply_chat_template"] is True
+    assert real_model_run.reload().metrics["parity/endpoint/agree"] == 1.0
 
 
 def hf_greedy_reply(model_dir, messages, max_new_tokens: int) -> str:
@@ -51,11 +126,10 @@ def hf_greedy_reply(model_dir, messages, max_new_tokens: int) -> str:
     return tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
-def test_the_openai_sdk_chats_with_the_served_model_as_hf_answers(real_model_run, served, monkeypatch):
+def test_the_openai_sdk_chats_with_the_served_model_as_hf_answers(real_model_run, served):
     from openai import OpenAI
 
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    client = OpenAI(base_url=served, api_key="unused-on-loopback", max_retries=0, timeout=60)
+    client = OpenAI(base_url=served, api_key=SERVED["key"], max_retries=0, timeout=60)
     assert [m.id for m in client.models.list()] == [real_model_run.name]
     reply = client.chat.completions.create(model=real_model_run.name, messages=QUESTION, max_tokens=12,
                                            temperature=0)
@@ -100,7 +174,8 @@ def judge(runs, served, real_model_run, tmp_path, name: str, **changes):
                              for p, good, bad in JUDGED_PAIRS))
     stage = load_stage("judge")
     recipe = build_stage_recipe(stage, {"name": name, "items": str(items), "sanity": "none", **changes,
-                                        "judge": {"endpoint": served, "model": real_model_run.name}},
+                                        "judge": {"endpoint": served, "model": real_model_run.name,
+                                                  "api_key_env": KEY_ENV}},
                                 source="judge (test)")
     stage.validate(recipe, runs)
     return stage.run(recipe, runs)
@@ -144,7 +219,8 @@ def test_the_real_model_grades_responses_on_a_rubric_and_keeps_its_reasons(real_
     stage = load_stage("judge")
     recipe = build_stage_recipe(stage, {"name": "judge-points", "items": str(items), "mode": "pointwise",
                                         "rubric": str(rubric), "sanity": "none", "max_tokens": 24,
-                                        "judge": {"endpoint": served, "model": real_model_run.name}},
+                                        "judge": {"endpoint": served, "model": real_model_run.name,
+                                                  "api_key_env": KEY_ENV}},
                                 source="judge (test)")
     stage.validate(recipe, runs)
     run = stage.run(recipe, runs)
@@ -161,7 +237,8 @@ def test_a_judge_reward_grades_completions_through_the_endpoint_and_caches_them(
 
     rubric = tmp_path / "rubric.yaml"
     rubric.write_text("name: correct\nscale: [1, 5]\ncriteria: 5 means the answer is correct; 1 means it is wrong.\n")
-    spec = {"judge": {"endpoint": served, "model": real_model_run.name, "rubric": str(rubric), "max_tokens": 16}}
+    spec = {"judge": {"endpoint": served, "model": real_model_run.name, "rubric": str(rubric), "max_tokens": 16,
+                      "api_key_env": KEY_ENV}}
     reward = resolve(spec, runs)
     prompts = [[{"role": "user", "content": p}] for p, _, _ in JUDGED_PAIRS[:1]] * 2
     completions = [[{"role": "assistant", "content": good}] for _, good, bad in JUDGED_PAIRS[:1]] * 2
@@ -183,7 +260,7 @@ def test_synthetic_answers_are_graded_and_kept_as_sft_rows_and_pairs_with_their_
                                for p, _, _ in JUDGED_PAIRS[:2]))
     rubric = tmp_path / "rubric.yaml"
     rubric.write_text("name: correct\nscale: [1, 5]\ncriteria: 5 means the answer is correct; 1 means it is wrong.\n")
-    endpoint = {"endpoint": served, "model": real_model_run.name}
+    endpoint = {"endpoint": served, "model": real_model_run.name, "api_key_env": KEY_ENV}
     stage = load_stage("synth")
     recipe = build_stage_recipe(stage, {"name": "synth-real", "prompts": str(prompts), "rubric": str(rubric),
                                         "generators": [endpoint], "judge": endpoint, "k": 3, "max_tokens": 12,
@@ -211,7 +288,7 @@ def test_synthetic_answers_are_graded_and_kept_as_sft_rows_and_pairs_with_their_
             assert rows == []
 
 
-SUMS = [(3, 4), (12, 5), (9, 9), (20, 7), (6, 8), (15, 15), (2, 11), (30, 4)]
+SUMS = [(3, 4), (12, 5), (9, 9), (20, 7), (6, 8), (2, 11)]
 
 
 def test_the_judge_reviews_first_and_people_get_only_the_pairs_it_is_unsure_of(real_model_run, runs, served, tmp_path,
@@ -224,7 +301,7 @@ def test_the_judge_reviews_first_and_people_get_only_the_pairs_it_is_unsure_of(r
     from smolforge.annotate.push import open_dataset
 
     monkeypatch.setenv("ARGILLA_API_KEY", argilla_server.api_key)
-    judge = {"endpoint": served, "model": real_model_run.name}
+    judge = {"endpoint": served, "model": real_model_run.name, "api_key_env": KEY_ENV}
     prompts = tmp_path / "sums.jsonl"           # answers the 135M model gets right only some of the time
     prompts.write_text("".join(json.dumps({"prompt": [{"role": "user", "content": f"What is {a} + {b}? Answer with "
                                                                                   "the number."}],
@@ -234,7 +311,7 @@ def test_the_judge_reviews_first_and_people_get_only_the_pairs_it_is_unsure_of(r
         recipe = build_stage_recipe(load_stage("annotate"), {
             "name": name, "runs": [real_model_run.name], "prompts": str(prompts), "dataset": name,
             "generation": "hf", "url": argilla_server.url, "annotators": 2, "scripted": {"annotators": 2},
-            "sampling": {"temperature": 1.0, "max_new_tokens": 12, "seed": 0},
+            "sampling": {"temperature": 1.0, "max_new_tokens": 10, "seed": 0},
             "review": {"judge": judge, "verdict": "balanced", **settings}}, source="annotate (test)")
         annotate.validate(recipe, runs)
         return recipe, annotate.run(recipe, runs, overwrite=True)
@@ -246,16 +323,16 @@ def test_the_judge_reviews_first_and_people_get_only_the_pairs_it_is_unsure_of(r
     hidden = {m.name: m.visible_for_annotators for m in dataset.settings.metadata}
     assert hidden["judge_verdict"] is False and hidden["judge_margin"] is False      # annotators never see it
     pushed = {r.id: r.metadata for r in dataset.records}
-    assert len(store) == len(pushed) == 8 and all(e["route"] == "all" for e in store.values())
+    assert len(store) == len(pushed) == len(SUMS) and all(e["route"] == "all" for e in store.values())
     assert all(pushed[rid]["judge_verdict"] == (e["verdict"] or "unsure") for rid, e in store.items())
     calibration = report["review"]
-    assert (calibration["pairs"], calibration["sent_to_people"], calibration["accepted"]) == (8, 8, 0)
-    assert sum(sum(c.values()) for c in calibration["confusion"].values()) <= 8
+    assert (calibration["pairs"], calibration["sent_to_people"], calibration["accepted"]) == (len(SUMS), len(SUMS), 0)
+    assert sum(sum(c.values()) for c in calibration["confusion"].values()) <= len(SUMS)
     assert everything.metrics["annotate/judge_kappa"] == calibration["judge_vs_people"]["kappa"]
 
     margins = sorted(e["margin"] for e in store.values() if e["margin"] is not None)
     median = margins[len(margins) // 2]
-    recipe, unsure_only = review("review-unsure", send="uncertain", min_margin=median, audit=0.5, seed=1)
+    recipe, unsure_only = review("review-unsure", send="uncertain", min_margin=median, audit=0.3, seed=1)
     routes = {rid: e["route"] for rid, e in review_mod.load(annotate.review_store(recipe, runs)).items()}
     assert set(routes) == set(store)                 # the same pairs: every judge reply came from the cache
     shown = {r.id for r in open_dataset(argilla_server.url, argilla_server.api_key, "review-unsure", "argilla").records}
@@ -263,11 +340,11 @@ def test_the_judge_reviews_first_and_people_get_only_the_pairs_it_is_unsure_of(r
     assert {rid for rid, where in routes.items() if where == "uncertain"} == {
         rid for rid, e in store.items() if e["verdict"] is None or e["margin"] is None or e["margin"] < median}
     section = json.loads(unsure_only.annotations_path.read_text())["review"]
-    assert section["sent_to_people"] == len(shown) < 8 and section["accepted"] == 8 - len(shown) >= 1
+    assert section["sent_to_people"] == len(shown) < len(SUMS) and section["accepted"] == len(SUMS) - len(shown) >= 1
     sure = section["accepted"] + section["audit"]
-    assert section["audit"] == max(1, round(0.5 * sure))         # half the sure verdicts, checked blind
+    assert section["audit"] == max(1, round(0.3 * sure))         # 30 % of the sure verdicts, checked blind
     assert unsure_only.metrics["annotate/rows"] == section["people_rows"] + section["accepted_rows"]
     print(f"\nreal 135M judge in review (balanced): kappa vs people {calibration['judge_vs_people']}, "
           f"vs annotators {calibration['judge_vs_annotators_mean_kappa']}, annotators "
-          f"{report['agreement']['value']}; review where unsure: {section['sent_to_people']} of 8 to people, "
+          f"{report['agreement']['value']}; review where unsure: {section['sent_to_people']} of {len(SUMS)} to people, "
           f"audit {section['audit_agreement']}")
