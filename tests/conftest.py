@@ -24,7 +24,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 # trackio reads its folder once, at import: a private one, so no test writes into ~/.cache/huggingface
 os.environ.setdefault("TRACKIO_DIR", tempfile.mkdtemp(prefix="smolforge-test-trackio-"))
 if os.environ.get("PYTEST_XDIST_WORKER"):
-    # `make test` runs two workers on two cores: one compute thread each (and in the processes
+    # `make test` runs three workers on two cores: one compute thread each (and in the processes
     # they start), or torch's OpenMP threads oversubscribe the cores and spin (measured: 400 s → 340 s).
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
@@ -246,9 +246,9 @@ def deepspeed_zero3_run(runs, chain_root, data_run):
     return shared_run("pretrain-2p-z3", runs, chain_root, build)
 
 
-# `make test` runs two pytest-xdist workers with --dist loadfile --no-loadscope-reorder: whole files,
+# `make test` runs three pytest-xdist workers with --dist loadfile --no-loadscope-reorder: whole files,
 # in collection order. The longest files (measured: `pytest --durations=0`, summed per file) go
-# first, longest first, so the last file to start is a short one and both workers end together.
+# first, longest first, so the last file to start is a short one and the workers end together.
 LONGEST_FIRST = ("test_gpu_check.py", "test_real_model.py", "test_slurm_launch.py", "test_real_model_served.py", "test_ranks.py", "test_pipeline_e2e.py", "test_eval_backends.py",
                  "test_annotate_server.py", "test_vllm_rollouts.py", "test_serve.py", "test_annotate_loop.py",
                  "test_data_datatrove.py", "test_ablate.py", "test_annotate_faults.py", "test_burnin.py",
