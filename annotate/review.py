@@ -103,13 +103,10 @@ def served_judge(review: Review, runs: Any, log_path: Path) -> Iterator[Any]:
     if review.judge.get("endpoint"):
         yield judge_endpoint(review, runs.cache_dir("judge"))
         return
-    from smolforge.generation.vllm_server import VLLMServer
+    from smolforge.generation.judge.endpoint import served_run
 
-    target = runs.get(review.judge["run"])
-    with VLLMServer(target.model_dir, served_name=target.name, log_path=log_path) as server:
-        print(f"serving the judge {target.name} at {server.url} (ready in {server.ready_s:.1f} s)", flush=True)
-        yield judge_endpoint(review, runs.cache_dir("judge"), base_url=server.url + "/v1", model=target.name,
-                             identity=f"run:{target.path.resolve()}")
+    with served_run(runs.get(review.judge["run"]), log_path) as (base_url, model, identity):
+        yield judge_endpoint(review, runs.cache_dir("judge"), base_url=base_url, model=model, identity=identity)
 
 
 def judge_items(judge: Any, items: list[dict], references: Mapping[str, str], review: Review) -> dict[str, dict]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -43,13 +42,12 @@ from smolforge.recipe import to_dict
 from smolforge.runs import Run, Runs, atomic_writer, fingerprint, unfinished_run
 from smolforge.table import render_table
 
-from smolforge.generation.judge.endpoint import JudgeEndpoint, cache_for
+from smolforge.generation.judge.endpoint import JudgeEndpoint, cache_for, served_run
 from smolforge.generation.judge.items import BUILTIN_SANITY, MODES, read_rows
 from smolforge.generation.judge.pairs import judge_pairs, judge_points
 from smolforge.generation.judge.prompts import load_rubric
 from smolforge.generation.judge.verdicts import RULES, summarise
 
-log = logging.getLogger(__name__)
 
 PAIRWISE_TOKENS = 8       # the letter, with room for "Response A"
 POINTWISE_TOKENS = 128    # "Score: N" and a reason
@@ -181,13 +179,8 @@ def _served(recipe: Recipe, runs: Runs, run: Run) -> Iterator[JudgeEndpoint]:
         judge.cache = cache_for(runs.cache_dir("judge"), judge.identity) if recipe.cache else None
         yield judge
         return
-    from smolforge.generation.vllm_server import VLLMServer
-
-    target = runs.get(recipe.judge.run)
-    with VLLMServer(target.model_dir, served_name=target.name, log_path=run.serve_log_path) as server:
-        log.info("judge: serving %s at %s (ready in %.1f s)", target.name, server.url, server.ready_s)
-        # served at a new port each time: the judge is named (and cached) by its run's folder
-        judge = _endpoint(recipe, server.url + "/v1", target.name, identity=f"run:{target.path.resolve()}")
+    with served_run(runs.get(recipe.judge.run), run.serve_log_path) as (base_url, model, identity):
+        judge = _endpoint(recipe, base_url, model, identity=identity)
         judge.cache = cache_for(runs.cache_dir("judge"), judge.identity) if recipe.cache else None
         yield judge
 

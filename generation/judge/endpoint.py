@@ -18,9 +18,11 @@ silently skipped and no verdict invented.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 from smolforge.errors import RecipeError, ServiceError
 from smolforge.generation.client import Client
@@ -28,7 +30,7 @@ from smolforge.generation.client import Client
 from .cache import JudgeCache, request_key
 from .limiter import RateLimiter
 
-__all__ = ["JudgeEndpoint", "TOP_LOGPROBS"]
+__all__ = ["JudgeEndpoint", "TOP_LOGPROBS", "cache_for", "served_run"]
 
 TOP_LOGPROBS = 10
 
@@ -150,3 +152,14 @@ def cache_for(cache_dir: str | Path, identity: str) -> JudgeCache:
     import hashlib
 
     return JudgeCache(Path(cache_dir) / f"{hashlib.sha256(identity.encode()).hexdigest()[:16]}.jsonl")
+
+
+@contextlib.contextmanager
+def served_run(run: Any, log_path: str | Path) -> Iterator[tuple[str, str, str]]:
+    """A run's model served by vLLM for the duration: ``(base URL, served model name, identity)``. The server
+    gets a new port each time, so the identity (what names the judge, and its cache) is the run's folder."""
+    from smolforge.generation.vllm_server import VLLMServer
+
+    with VLLMServer(run.model_dir, served_name=run.name, log_path=log_path) as server:
+        print(f"serving the judge {run.name} at {server.url} (ready in {server.ready_s:.1f} s)", flush=True)
+        yield server.url + "/v1", run.name, f"run:{Path(run.path).resolve()}"
