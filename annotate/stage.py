@@ -237,9 +237,13 @@ def push(recipe: Recipe, runs: Runs, url: str, api_key: str) -> tuple[dict, dict
     to_push = [item for item in items if routed is None or routed[item["id"]] != "accepted"]
     if to_push:
         summary = push_records(client, recipe.dataset, recipe.workspace, schema, to_push, max_chars=recipe.max_chars)
-    else:   # the judge settled every pair and no audit was asked for: people have nothing to see
+    else:   # the judge settled every pair and no audit was asked for: people have nothing to see, and the
+            # (empty) dataset still exists for the pull
+        from .push import ensure_dataset
+
+        dataset, _ = ensure_dataset(client, recipe.dataset, recipe.workspace, schema)
         summary = {"dataset": recipe.dataset, "workspace": recipe.workspace, "records": 0, "new": 0, "updated": 0,
-                   "total": None}
+                   "total": int(dataset.progress()["total"])}
     summary |= {"prompts": len(rows), "k": recipe.k, "runs": list(recipe.runs), "generation": backend,
                 "generation_s": round(generated_s, 2), "url": url}
     if routed is not None:
