@@ -192,6 +192,32 @@ def make_lm(backend: str, model_dir: str | Path, *, batch_size: int = 32, device
     raise RecipeError(f"backend must be one of {', '.join(BACKENDS)}, got {backend!r}")
 
 
+def check_endpoint(endpoint: str, served_name: str) -> None:
+    """Before any scoring: the recipe's endpoint answers ``/models`` (with the key from
+    ``$OPENAI_API_KEY`` when set) and serves ``served_name``. A wrong URL, key or name fails in a
+    second instead of after the other backend's pass; a server without ``/models`` (404) is let through.
+
+    >>> check_endpoint("http://127.0.0.1:9/v1", "m")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.ServiceError: GET http://127.0.0.1:9/v1/models: cannot connect (Connection refused)
+    """
+    from smolforge.generation.client import Client
+
+    key_env = "OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None
+    try:
+        listed = Client(endpoint, api_key_env=key_env, timeout=30, retries=0).get("/models")
+    except ServiceError as err:
+        if ": HTTP 404 " in str(err):
+            return
+        raise
+    names = [m.get("id") for m in (listed or {}).get("data", []) if isinstance(m, dict)] \
+        if isinstance(listed, dict) else []
+    if names and served_name not in names:
+        raise ServiceError(f"{endpoint} serves {', '.join(map(str, names))}, not '{served_name}' "
+                           f"(set served_name: to the name it serves)")
+
+
 def self_served(model_dir: str | Path, eval_dir: str | Path, device: str, *, served_name: str,
                 max_model_len: int | None, rope_scaling: dict | None = None):
     """The server that scores ``model_dir`` for an eval with no ``endpoint:`` of its own (not started; a

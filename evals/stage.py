@@ -136,6 +136,7 @@ def _check_generation(task: SuiteTask, max_gen_toks: int | None, context: int | 
 def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from smolforge.table import render_table as table
 
+    from .backends import check_endpoint
     from .parity import compare, parity_rows
 
     target = runs.get(recipe.run)
@@ -146,6 +147,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     order = [recipe.backend] + ([recipe.parity] if recipe.parity else [])
     if "hf" in order:  # HF first: an in-process vLLM engine would stop HF from loading SmolLM3 afterwards
         order.sort(key=lambda b: b != "hf")
+    if recipe.endpoint and "endpoint" in order:
+        check_endpoint(recipe.endpoint, recipe.served_name or target.name)
     # each vLLM engine or server frees what HF left and sizes itself from the GPU memory free as it starts
     scored = {backend: score(recipe, target, suite, task_names, backend) for backend in order}
     main = scored[recipe.backend]

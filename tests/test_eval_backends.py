@@ -36,7 +36,15 @@ def test_in_process_vllm_matches_hf_through_the_cli(runs, sft_run):
 
 
 class NotJSON(BaseHTTPRequestHandler):
-    def do_POST(self):  # noqa: N802 - http.server's naming
+    """A gateway that lists the model (the eval's check before scoring passes), then answers HTML."""
+
+    def do_GET(self):  # noqa: N802 - http.server's naming
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.end_headers()
+        self.wfile.write(json.dumps({"data": [{"id": self.server.served}]}).encode())
+
+    def do_POST(self):  # noqa: N802
         self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -49,6 +57,7 @@ class NotJSON(BaseHTTPRequestHandler):
 
 def test_an_endpoint_answering_malformed_json_is_named(runs, sft_run):
     server = HTTPServer(("127.0.0.1", 0), NotJSON)
+    server.served = sft_run.name
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -94,9 +94,12 @@ def test_the_server_on_all_interfaces_answers_only_with_its_key_and_scores_as_hf
         stage.validate(recipe, runs)
         stage.run(recipe, runs)
 
-    monkeypatch.delenv(KEY_ENV)
-    with pytest.raises(ServiceError, match=r"/v1/completions: .*401"):
+    scores = real_model_run.eval_dir / "embedded.json"
+    earlier = scores.stat().st_mtime_ns if scores.exists() else None
+    monkeypatch.delenv(KEY_ENV)   # refused before HF scores anything: the endpoint is checked first
+    with pytest.raises(ServiceError, match=r"GET .*/v1/models: HTTP 401"):
         score_through()
+    assert (scores.stat().st_mtime_ns if scores.exists() else None) == earlier
     monkeypatch.setenv(KEY_ENV, SERVED["key"])
     score_through()
     report = json.loads((real_model_run.eval_dir / "embedded-parity.json").read_text())
