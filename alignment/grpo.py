@@ -9,14 +9,26 @@ the recipe's reward functions and updates the policy on advantages normalised wi
 Reports the held-out mean reward before and after (:mod:`smolforge.alignment.online`); ``model/`` is a
 plain HF model. ``trainer:`` takes any ``trl.GRPOConfig`` field (``beta`` for a KL term,
 ``loss_type``, ``scale_rewards``…).
+
+The loss family (:mod:`smolforge.alignment.grpo_math` has the formulas TRL's are tested against):
+``trainer.loss_type`` grpo | bnpo | dr_grpo | dapo (TRL's default) | cispo (and TRL's sapo, luspo,
+vespo); GSPO is ``trainer.importance_sampling_level: sequence``. Every name is checked before a run
+exists, and the choice lands in run.json (``rl/loss_type``, ``rl/importance_sampling_level``):
+
+    smolforge grpo --config recipes/demo/grpo.yaml --set trainer.loss_type=dr_grpo --set trainer.scale_rewards=none
+    smolforge grpo --config recipes/demo/grpo.yaml --set trainer.loss_type=cispo --set trainer.epsilon_high=5.0
+    smolforge grpo --config recipes/demo/grpo.yaml --set trainer.importance_sampling_level=sequence   # GSPO
 """
 from __future__ import annotations
 
+import difflib
 import os
+import re
 from dataclasses import dataclass, field
 
 from trl import GRPOConfig
 
+from smolforge.errors import RecipeError
 from smolforge.runs import Run, Runs
 
 from .online import OnlineRecipe, online_defaults, train_online, validate_online
@@ -33,7 +45,51 @@ class Recipe(OnlineRecipe):
     trainer: GRPOConfig = field(default_factory=lambda: GRPOConfig(**defaults()["trainer"]))  # any trl.GRPOConfig field
 
 
+def grpo_loss_types() -> list[str]:
+    """The loss names TRL's GRPOTrainer accepts (from GRPOConfig's help text).
+
+    >>> {"grpo", "dr_grpo", "dapo", "bnpo", "cispo"} <= set(grpo_loss_types())
+    True
+    """
+    help_text = GRPOConfig.__dataclass_fields__["loss_type"].metadata.get("help", "")
+    listed = help_text.split("Supported values are", 1)[-1].split(".", 1)[0]
+    return re.findall(r"'(\w+)'", listed) or ["grpo", "dr_grpo", "dapo", "bnpo", "cispo"]
+
+
+def check_loss(trainer: GRPOConfig) -> None:
+    """``trainer.loss_type`` and ``importance_sampling_level`` name what TRL has, with the settings the
+    loss needs (TRL would fail on an unknown name only at the first optimizer step).
+
+    >>> from types import SimpleNamespace
+    >>> settings = dict(importance_sampling_level="token", epsilon=0.2, epsilon_high=None)
+    >>> check_loss(SimpleNamespace(loss_type="dr_gpro", **settings))
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: trainer.loss_type: unknown GRPO loss 'dr_gpro' (did you mean 'dr_grpo'?)
+    >>> check_loss(SimpleNamespace(loss_type="cispo", **settings))
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: trainer.loss_type cispo: trainer.epsilon_high is CISPO's cap on the importance weight (ε_max, the ScaleRL paper's 5.0), got 0.2, which would scale every token's update down; set e.g. --set trainer.epsilon_high=5.0
+    """
+    known = grpo_loss_types()
+    if trainer.loss_type not in known:
+        close = difflib.get_close_matches(str(trainer.loss_type), known, n=1)
+        hint = f"did you mean '{close[0]}'?" if close else f"known: {', '.join(known)}"
+        raise RecipeError(f"trainer.loss_type: unknown GRPO loss '{trainer.loss_type}' ({hint})")
+    if trainer.importance_sampling_level not in ("token", "sequence"):
+        raise RecipeError(f"trainer.importance_sampling_level must be token or sequence (GSPO), "
+                          f"got {trainer.importance_sampling_level!r}")
+    if trainer.loss_type == "luspo" and trainer.importance_sampling_level != "sequence":
+        raise RecipeError("trainer.loss_type luspo is sequence-level: set trainer.importance_sampling_level=sequence")
+    high = trainer.epsilon_high if trainer.epsilon_high is not None else trainer.epsilon   # TRL's fallback
+    if trainer.loss_type == "cispo" and high < 1.0:
+        raise RecipeError(f"trainer.loss_type cispo: trainer.epsilon_high is CISPO's cap on the importance weight "
+                          f"(ε_max, the ScaleRL paper's 5.0), got {high}, which would scale every "
+                          f"token's update down; set e.g. --set trainer.epsilon_high=5.0")
+
+
 def validate(recipe: Recipe, runs: Runs) -> None:
+    check_loss(recipe.trainer)
     validate_online(recipe, runs, has_rollout_hook=True)
 
 

@@ -37,6 +37,7 @@ from smolforge.tracking import TrackingSpec
 
 from smolforge.generation.prompts import load_tokenizer
 
+from .logprob_parity import ParitySpec, ParityWatch
 from .common import (check_tracking, lineage_fingerprints, load_trainable, model_parent, quiet_tracking, run_logger,
                      split_heldout, step_profiler, train_summary, trainer_defaults)
 
@@ -58,6 +59,8 @@ class OnlineRecipe:
     generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    parity: ParitySpec = field(default_factory=ParitySpec)  # vLLM rollouts: engine-vs-trainer log-prob gap per step,
+                                      #   max_gap (nats/token) and on_breach: stop | warn (smolforge.alignment.logprob_parity)
 
 
 def online_defaults(**overrides) -> dict:
@@ -129,6 +132,7 @@ def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> No
     """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
+    recipe.parity.check()
     model_dir = model_parent(runs, recipe.parent).model_dir
     _choose_rollouts(recipe, model_dir, has_rollout_hook)
     if recipe.chat_prompts and not getattr(load_tokenizer(model_dir), "chat_template", None):
@@ -186,27 +190,60 @@ def start_rollouts(rollouts: Any, *, cuda: bool) -> Any:
     return rollouts.start() if server_first(cuda) else rollouts.start_in_background()
 
 
-def server_rollout_func(rollouts, tokenizer, args) -> Callable:
+def server_rollout_func(rollouts, tokenizer, args, watch: ParityWatch | None = None) -> Callable:
     """TRL ``rollout_func``: one sampled completion per prompt row from the vLLM server.
 
     The policy's weights are pushed to the server whenever the trainer's step has moved since
-    the last push. TRL's sampler already repeats each prompt ``num_generations`` times.
+    the last push. TRL's sampler already repeats each prompt ``num_generations`` times. ``watch``
+    measures the engine-vs-policy log-prob gap of every batch (logged as ``parity/…`` with TRL's metrics).
     """
     from smolforge.generation.prompts import encode_prompts
 
     synced = {"step": 0}  # the server starts on the parent's weights = the policy at step 0
 
     def rollout(prompts: list, trainer) -> dict:
+        policy = trainer.accelerator.unwrap_model(trainer.model)
         if trainer.state.global_step != synced["step"]:
-            rollouts.sync(trainer.accelerator.unwrap_model(trainer.model))
+            rollouts.sync(policy)
             synced["step"] = trainer.state.global_step
         prompt_ids = encode_prompts(tokenizer, prompts)
         samples = rollouts.generate(prompt_ids, max_tokens=args.max_completion_length,
                                     temperature=args.temperature, top_p=args.top_p)
-        return {"prompt_ids": prompt_ids, "completion_ids": [ids for ids, _ in samples],
-                "logprobs": [lps for _, lps in samples]}
+        completion_ids, logprobs = [ids for ids, _ in samples], [lps for _, lps in samples]
+        if watch is not None:
+            stats = watch.measure(trainer.state.global_step + 1, policy, prompt_ids, completion_ids, logprobs,
+                                  temperature=args.temperature)
+            for key, value in stats.items():
+                trainer._metrics["train"][key].append(value)     # logged with TRL's own figures of the step
+        return {"prompt_ids": prompt_ids, "completion_ids": completion_ids, "logprobs": logprobs}
 
     return rollout
+
+
+def loss_settings(trainer: Any) -> dict:
+    """What the run's policy loss was (those of these TRL config fields the trainer has), for run.json.
+
+    >>> from types import SimpleNamespace
+    >>> loss_settings(SimpleNamespace(loss_type="dapo", importance_sampling_level="sequence"))
+    {'rl/loss_type': 'dapo', 'rl/importance_sampling_level': 'sequence'}
+    """
+    fields = ("loss_type", "importance_sampling_level", "scale_rewards", "multi_objective_aggregation",
+              "epsilon", "epsilon_high", "beta")
+    return {f"rl/{name}": getattr(trainer, name) for name in fields if getattr(trainer, name, None) is not None}
+
+
+def is_correction(trainer: Any, backend: str) -> dict:
+    """run.json's record of the importance-sampling correction for the engine/trainer mismatch: TRL's
+    mode where TRL's vLLM modes sample (TRL applies it and logs ``sampling/…``), else none (the HF
+    path samples from the policy itself; the vLLM-server path measures the gap, ``parity/…``, uncorrected).
+
+    >>> from types import SimpleNamespace
+    >>> t = SimpleNamespace(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
+    >>> is_correction(t, "trl-vllm"), is_correction(t, "vllm-server")
+    ({'rl/is_correction': 'token_truncate'}, {'rl/is_correction': 'none'})
+    """
+    on = backend == "trl-vllm" and getattr(trainer, "vllm_importance_sampling_correction", False)
+    return {"rl/is_correction": getattr(trainer, "vllm_importance_sampling_mode", "on") if on else "none"}
 
 
 def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
@@ -249,7 +286,8 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
                 before, details_before = mean_reward(model, tokenizer, heldout, rewards,
                                                      max_new_tokens=recipe.eval_max_new_tokens)
             log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
-            rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer) if rollouts else None
+            watch = ParityWatch(recipe.parity, stage)
+            rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer, watch) if rollouts else None
             callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, callbacks, rollout_func)
             with profiler:
@@ -270,6 +308,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
         summary = {**train_summary(trainer, result), **profiler.metrics}
         summary.update({"rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),
                         "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
-                        "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0})
+                        "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0,
+                        **loss_settings(recipe.trainer), **watch.summary(), **is_correction(recipe.trainer, backend)})
         run.finish(metrics=summary)
     return run

@@ -282,6 +282,7 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
     prompts = [r["prompt"] for r in rows]
     completions = [[{"role": "assistant", "content": t}] for t in outputs] if conversational else outputs
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
+    columns["completion_ids"] = [sample.token_ids for sample in samples]    # as TRL passes them
     scores = {fn.__name__: fn(prompts, completions, **columns) for fn in fns}
     details = []
     for i, row in enumerate(rows):

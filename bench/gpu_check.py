@@ -571,8 +571,7 @@ def start_part(name: str, ctx: Context, out: Path, limit: float) -> dict:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.pid, signal.SIGKILL)
                 code = child.wait()
-    with contextlib.suppress(ProcessLookupError):   # whatever it left running (servers, launcher ranks)
-        os.killpg(child.pid, signal.SIGKILL)
+    end_group(child.pid)   # whatever it left running (servers, launcher ranks)
     seconds = round(time.perf_counter() - started, 1)
     figures = json.loads(figures_path.read_text()) if figures_path.is_file() else {}
     trim(log_path)
@@ -585,6 +584,20 @@ def start_part(name: str, ctx: Context, out: Path, limit: float) -> dict:
     figures.pop("error", None)
     return {"status": status, "seconds": seconds, **({"figures": figures} if figures else {}),
             **({"log_tail": tail(log_path)} if status != "ok" else {})}
+
+
+def end_group(pgid: int, timeout: float = 5.0) -> None:
+    """SIGKILL process group ``pgid`` until none of it is left (a killed rank can take a moment to go), at
+    most ``timeout`` seconds: the next part starts on a machine this one no longer uses."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        if time.monotonic() > deadline:
+            return
+        time.sleep(0.1)
 
 
 def vllm_missing(cpu: bool) -> str | None:

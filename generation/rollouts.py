@@ -11,7 +11,9 @@ weights (one safetensors file, tied tensors written out under each name) to a fo
 (``/collective_rpc`` → ``reload_weights``, ≈0.1 s for the demo model) and to drop its prefix
 cache. :meth:`ServerRollouts.generate` sends token-id prompts to ``/v1/completions`` and reads
 back the sampled token ids and their log-probabilities (``return_token_ids``), so the trainer
-scores exactly the tokens vLLM sampled.
+scores exactly the tokens vLLM sampled. The server runs with ``--logprobs-mode processed_logprobs``
+(as TRL's ``trl vllm-serve``): the log-probs are those of the temperature-scaled distribution it
+sampled from, the ones the trainer's importance ratios compare with.
 
 Weight sync through the file system is what makes this work on CPU, where TRL's server mode
 cannot sync (it needs NCCL); on a GPU the TRL-driven stages use TRL's colocate mode instead.
@@ -61,7 +63,9 @@ class ServerRollouts:
         self._start_error: BaseException | None = None
         self.server = VLLMServer(model_dir, served_name="policy", max_model_len=max_model_len, dev_mode=True,
                                  log_path=self.workdir / "vllm-server.log", ready_timeout=ready_timeout,
-                                 gpu_memory_utilization=gpu_memory_utilization, extra_args=["--seed", str(seed)])
+                                 gpu_memory_utilization=gpu_memory_utilization,
+                                 # log-probs after temperature (as TRL's own server): what the trainer recomputes
+                                 extra_args=["--seed", str(seed), "--logprobs-mode", "processed_logprobs"])
 
     def start(self) -> "ServerRollouts":
         """Start the server and wait until it is ready."""

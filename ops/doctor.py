@@ -60,7 +60,7 @@ from typing import Any
 from smolforge.errors import RunError
 
 __all__ = ["Finding", "Diagnosis", "NotChecked", "CHECKS", "diagnose", "diagnose_run", "read_records", "settings_of",
-           "divergence", "memory", "throughput", "loss_noise", "grad_norm", "utilisation",
+           "divergence", "memory", "throughput", "loss_noise", "grad_norm", "utilisation", "logprob_parity",
            "render_report", "as_json", "add_arguments", "command"]
 
 # -- thresholds (each check's defaults) --------------------------------------------------------
@@ -79,6 +79,7 @@ MIN_MFU = 0.10              # SmolLM3 ran at ~26-31 % MFU; below 10 % the device
 DATA_BOUND = 0.2            # a data wait above this share of the time is not "small"
 MEDIAN_WINDOW = 10          # logged windows in the throughput running median
 RL_STAGES = ("grpo", "rloo", "ppo")
+MAX_LOGPROB_GAP = 0.05      # online RL: mean |log π_train − log π_engine| per sampled token (recipe's parity.max_gap)
 WIDTH = 110                 # the report's text lines
 
 
@@ -662,7 +663,36 @@ def utilisation(rows: Sequence[dict], info: dict, min_mfu: float = MIN_MFU) -> l
                     {"mfu": mfu, "data_share": share, "processes": processes, "min_mfu": min_mfu})]
 
 
-CHECKS = ("divergence", "memory", "throughput", "loss_noise", "grad_norm", "utilisation")
+CHECKS = ("divergence", "memory", "throughput", "loss_noise", "grad_norm", "utilisation", "logprob_parity")
+
+
+def logprob_parity(rows: Sequence[dict], info: dict) -> list[Finding]:
+    """Online-RL steps whose rollouts the engine sampled off the policy: the mean engine-vs-trainer
+    log-prob gap on the sampled tokens above the recipe's ``parity.max_gap`` (else 0.05).
+
+    >>> rows = [{"step": 1, "parity/logprob_gap_mean": 1e-7}, {"step": 2, "parity/logprob_gap_mean": 0.09}]
+    >>> [finding] = logprob_parity(rows, {})
+    >>> finding.steps, finding.evidence
+    ((2, 2), 'mean log-prob gap 0.09 at step 2 (limit 0.05); 1e-07 at the first measured step')
+    """
+    points = series(rows, "parity/logprob_gap_mean")
+    if not points and info.get("stage") not in RL_STAGES:
+        return []                   # no engine samples for the trainer: nothing to compare
+    if not points:
+        raise NotChecked("no parity/logprob_gap_mean logged: the rollouts came from HF generate (the policy "
+                         "itself), or a run older than this check")
+    limit = ((info.get("recipe") or {}).get("parity") or {}).get("max_gap") or MAX_LOGPROB_GAP
+    over = [(s, v) for s, v in points if v > limit]
+    if not over:
+        return []
+    listed = ", ".join(f"{_g(v)} at step {s}" for s, v in over[:5]) + (f" and {len(over) - 5} more" if len(over) > 5 else "")
+    evidence = f"mean log-prob gap {listed} (limit {_g(limit)}); {_g(points[0][1])} at the first measured step"
+    return [Finding("logprob_parity", "the inference engine samples off the policy being trained",
+                    _span([s for s, _ in over]), evidence,
+                    "a weight sync that did not happen, or the engine's dtype or kernels differ from the trainer's",
+                    "check the rollout server's log for the reloads; serve in the trainer's dtype; keep TRL's "
+                    "importance-sampling correction on (rl/is_correction in run.json)",
+                    {"over": [[s, v] for s, v in over], "limit": limit})]
 
 
 def _is_training(record: dict) -> bool:
@@ -693,6 +723,7 @@ def diagnose(records: Sequence[dict], info: dict, *, device_memory_gb: float | N
         "loss_noise": lambda: loss_noise(rows, events, info),
         "grad_norm": lambda: grad_norm(rows, events, info),
         "utilisation": lambda: utilisation(rows, info, min_mfu),
+        "logprob_parity": lambda: logprob_parity(rows, info),
     }
     findings: list[Finding] = []
     not_checked: dict[str, str] = {}

@@ -24,7 +24,36 @@ def test_promtool_accepts_the_shipped_rules():
     checked = subprocess.run(["promtool", "check", "rules", str(alert_rules_path())], capture_output=True, text=True,
                              timeout=60)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 7 rules found" in checked.stdout
+    assert "SUCCESS: 8 rules found" in checked.stdout
+
+
+def test_the_logprob_gap_alert_fires_on_the_step_the_engine_falls_off_the_policy(tmp_path):
+    """promtool's rule unit test: the gap gauge at 1e-7 for two minutes, then 0.09 (a skipped weight sync,
+    as tests/test_vllm_rollouts.py measures it) fires SmolforgeLogprobGap at once, and only then."""
+    tests = tmp_path / "parity-test.yml"
+    tests.write_text(json.dumps({
+        "rule_files": [str(alert_rules_path())], "evaluation_interval": "1m",
+        "tests": [{"interval": "1m",
+                   "input_series": [{"series": 'smolforge_train_parity_logprob_gap_mean{run="grpo-demo"}',
+                                     "values": "0.0000001 0.0000001 0.09 0.09"}],
+                   "alert_rule_test": [
+                       {"eval_time": "1m", "alertname": "SmolforgeLogprobGap", "exp_alerts": []},
+                       {"eval_time": "2m", "alertname": "SmolforgeLogprobGap",
+                        "exp_alerts": [{"exp_labels": {"severity": "critical", "run": "grpo-demo"},
+                                        "exp_annotations": {
+                                            "summary": "grpo-demo: the inference engine and the trainer disagree by "
+                                                       "0.090 nats per sampled token",
+                                            "fix": next(r for g in yaml_rules() for r in g["rules"]
+                                                        if r["alert"] == "SmolforgeLogprobGap")["annotations"]["fix"]}}]},
+                   ]}]}))
+    checked = subprocess.run(["promtool", "test", "rules", str(tests)], capture_output=True, text=True, timeout=60)
+    assert checked.returncode == 0 and "SUCCESS" in checked.stdout, checked.stdout + checked.stderr
+
+
+def yaml_rules() -> list[dict]:
+    import yaml
+
+    return yaml.safe_load(alert_rules_path().read_text())["groups"]
 
 
 @pytest.fixture

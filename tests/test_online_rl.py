@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -28,6 +29,9 @@ def test_online_rl_trains_from_the_sft_model_and_reports_heldout_reward(runs, sf
     assert run.info["data_fingerprints"]["prompts"] == data_run.info["data_fingerprints"]["data/prompts"]
     assert metrics["train/steps"] == 2
     assert metrics["rl/generation"] == "hf" and metrics["rl/weight_syncs"] == 0
+    assert metrics["rl/is_correction"] == "none"            # HF samples from the policy itself: nothing to correct
+    if stage == "grpo":                                     # TRL 1.16's default loss, recorded
+        assert (metrics["rl/loss_type"], metrics["rl/importance_sampling_level"]) == ("dapo", "token")
     assert 0.0 <= metrics["rl/heldout_reward_before"] <= 1.0 and 0.0 <= metrics["rl/heldout_reward_after"] <= 1.0
     assert metrics["rl/heldout_prompts"] + metrics["rl/train_prompts"] == 118     # 6 entities x 3 + 100 sums
     rows = [json.loads(line) for line in (run.path / "rl" / "heldout.jsonl").read_text().splitlines()]
@@ -51,8 +55,13 @@ def test_a_reward_function_with_the_wrong_length_is_named(runs, sft_run, data_ru
     ({"heldout_fraction": 0.0}, "heldout_fraction must be between 0 and 1"),
     ({"rewards": ["answer_mach"]}, "did you mean 'answer_match'?"),
     ({"rewards": []}, "name at least one reward function"),
+    ({"trainer": {**TINY_RL, "loss_type": "dr_gpro"}}, "unknown GRPO loss 'dr_gpro' (did you mean 'dr_grpo'?)"),
+    ({"trainer": {**TINY_RL, "loss_type": "cispo"}}, "epsilon_high is CISPO's cap on the importance weight"),
+    ({"trainer": {**TINY_RL, "importance_sampling_level": "seq"}}, "must be token or sequence"),
+    ({"parity": {"max_gap": 0}}, "parity.max_gap must be a positive number"),
+    ({"parity": {"on_breach": "ignore"}}, "parity.on_breach must be one of stop, warn"),
 ])
 def test_online_rl_recipe_mistakes_are_refused_before_training(runs, sft_run, change, message):
-    recipe = tiny_recipe("grpo", parent=sft_run.name, trainer=TINY_RL, **change)
-    with pytest.raises(RecipeError, match=message.replace("?", r"\?")):
+    recipe = tiny_recipe("grpo", parent=sft_run.name, **{"trainer": TINY_RL, **change})
+    with pytest.raises(RecipeError, match=re.escape(message)):
         load_stage("grpo").validate(recipe, runs)

@@ -104,6 +104,10 @@ def test_ppo_rolls_out_through_the_vllm_server_which_samples_what_hf_would_and_f
     steps = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and all(s["completion_length"] >= 1 for s in steps)
     assert run.metrics["rl/weight_syncs"] == 2                        # pushed before each of the 2 rollouts
+    # the engine's log-probs of what it sampled against the policy's old log-probs, every step: fp32 both sides
+    gaps = [s["parity/logprob_gap_mean"] for s in steps]
+    assert len(gaps) == 2 and all(0 <= g < 1e-3 for g in gaps), gaps
+    assert run.metrics["parity/steps_measured"] == 2 and run.metrics["parity/steps_over_max_gap"] == 0
     assert "Application startup complete" in (run.path / "rl" / "rollouts" / "vllm-server.log").read_text()
     [rollouts] = kept
     assert stops == [rollouts]                                        # the stage stopped what it started
@@ -137,3 +141,37 @@ def test_ppo_rolls_out_through_the_vllm_server_which_samples_what_hf_would_and_f
         ServerRollouts.stop(rollouts)
     assert rollouts.server.process.poll() is not None
     assert not list((run.path / "rl" / "rollouts").glob("weights-*"))
+
+
+def even_token_reward(prompts, completions, completion_ids, **kwargs):
+    """The share of even token ids: sampled answers differ in it, so every group has a spread and every
+    step moves the policy (the tiny model's answers all run to the length limit, which a length reward needs)."""
+    return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
+def test_a_skipped_weight_sync_is_caught_at_the_next_step(runs, sft_run, data_run, monkeypatch):
+    """GRPO on the vLLM server measures the engine-vs-policy log-prob gap of every rollout batch. With the
+    push after step 1 dropped, step 2 is sampled from the step-0 weights: the gap stops the run there."""
+    from conftest import run_stage
+    from smolforge.errors import RunError
+    from smolforge.generation.rollouts import ServerRollouts
+
+    pushes = []
+    push = ServerRollouts.sync
+
+    def drop_the_first_push(self, model):
+        pushes.append(model)
+        if len(pushes) > 1:
+            push(self, model)
+
+    monkeypatch.setattr(ServerRollouts, "sync", drop_the_first_push)
+    with pytest.raises(RunError, match=r"grpo step 2: the inference engine and the trainer disagree .*\(a missed weight sync"):
+        run_stage("grpo", runs, name="grpo-skipped-sync", parent=sft_run.name, data=data_run.name, generation="vllm",
+                  eval_max_new_tokens=4, parity={"max_gap": 0.01}, rewards=["test_vllm_rollouts:even_token_reward"],
+                  trainer={"max_steps": 3, "per_device_train_batch_size": 8, "num_generations": 4,
+                           "max_completion_length": 8, "logging_steps": 1, "learning_rate": 1e-3})
+    run = runs.get("grpo-skipped-sync", require_done=False)
+    assert run.status == "failed" and "step 2" in run.info["error"] and len(pushes) == 1
+    logged = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    first = [row["parity/logprob_gap_mean"] for row in logged if "parity/logprob_gap_mean" in row]
+    assert len(first) == 1 and first[0] < 1e-3             # step 1, sampled from the weights it trains: in parity

@@ -189,6 +189,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     from smolforge.generation.backends import pick_backend
 
     _check_numbers(recipe)
+    recipe.parity.check()
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.ppo.steps)
     pick_backend(recipe.generation, model_parent(runs, recipe.parent).model_dir, accepts=("vllm-server",))
@@ -258,16 +259,19 @@ def _train(models, recipe: Recipe, run, train: list[dict], reward_fns: list, rol
     ``profiler.step()`` after each."""
     import torch
 
+    from ..logprob_parity import ParityWatch
     from .math import KLController
     from .step import step
 
     spec, accelerator = recipe.ppo, models.accelerator
     kl_ctl = KLController(spec.kl_coef, spec.target_kl, spec.kl_horizon)
+    watch = ParityWatch(recipe.parity, "ppo") if rollouts is not None else None
     batches = _batches(train, spec.batch_size, random.Random(spec.seed * 1000 + accelerator.process_index))
     generator = torch.Generator().manual_seed(spec.seed)
     history = []
     for number in range(1, spec.steps + 1):
-        metrics = step(models, spec, next(batches), reward_fns, kl_ctl, recipe.reward_weights, rollouts, generator)
+        metrics = step(models, spec, next(batches), reward_fns, kl_ctl, recipe.reward_weights, rollouts, generator,
+                       watch=watch, number=number)
         history.append(metrics)
         run.log(number, **metrics)
         if tracker is not None:
@@ -278,6 +282,8 @@ def _train(models, recipe: Recipe, run, train: list[dict], reward_fns: list, rol
                  metrics["kl"], metrics["clipfrac"])
         if profiler is not None:
             profiler.step()
+    if watch is not None:
+        run.update_metrics(watch.summary())
     return history, kl_ctl.value
 
 

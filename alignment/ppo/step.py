@@ -203,11 +203,13 @@ def step_metrics(accelerator, rollout: Rollout, scores: Scores, raw_advantages, 
 
 
 def step(models: Models, spec: PPOSpec, rows: list[dict], reward_fns: list, kl_ctl,
-         weights: list | None = None, rollouts=None, generator=None) -> dict:
+         weights: list | None = None, rollouts=None, generator=None, *, watch=None, number: int = 0) -> dict:
     """One PPO iteration on ``rows`` (prompt rows): rollout → score → advantages → update; its metrics.
 
     ``spec`` is the recipe's :class:`~smolforge.alignment.ppo.spec.PPOSpec`; ``kl_ctl`` the β
     (:class:`~smolforge.alignment.ppo.math.KLController`), moved by this step's KL afterwards.
+    ``watch`` (a :class:`~smolforge.alignment.logprob_parity.ParityWatch`, vLLM rollouts) compares the
+    engine's log-probs of the sampled tokens with the policy's old log-probs of step ``number``.
     """
     accelerator, tokenizer = models.accelerator, models.tokenizer
     started = time.perf_counter()
@@ -220,10 +222,17 @@ def step(models: Models, spec: PPOSpec, rows: list[dict], reward_fns: list, kl_c
     rollout = make_rollout(prompts.encode_prompts(tokenizer, [row["prompt"] for row in rows]), completion_ids,
                            prompts.pad_id(tokenizer), accelerator.device)
     forward_rollout(models, rollout, spec)
+    parity = {}
+    if watch is not None and samples and samples[0].logprobs is not None:
+        from ..logprob_parity import gap_stats
+
+        ours = [rollout.logprobs[i, :len(ids)].tolist() for i, ids in enumerate(completion_ids)]
+        parity = watch.record(number, gap_stats(ours, [s.logprobs for s in samples]))
     raw_advantages = advantages(rollout, total, spec, kl_ctl.value)
     losses = update(models, rollout, spec, generator)
     metrics = step_metrics(accelerator, rollout, scores, raw_advantages, losses, kl_ctl.value)
     kl_ctl.update(metrics["kl"], len(rows) * accelerator.num_processes)
+    metrics.update({key: round(value, 6) for key, value in parity.items()})
     metrics["generate_s"] = round(generated - started, 3)
     metrics["step_s"] = round(time.perf_counter() - started, 3)
     return metrics
