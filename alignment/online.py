@@ -100,6 +100,43 @@ def reward_functions(names: list, runs: Runs) -> list[Callable]:
     return [resolve(name, runs) for name in names]
 
 
+def recipe_weights(recipe) -> list[float] | None:
+    """The weights of the recipe's rewards: given beside each reward (``{reward: …, weight: …}``) or as
+    ``trainer.reward_weights`` (TRL's field), not both at odds; None: every reward counts once."""
+    from .rewards import reward_weights
+
+    inline = reward_weights(recipe.rewards)
+    given = getattr(recipe.trainer, "reward_weights", None)
+    if inline is not None and given is not None and [float(w) for w in given] != inline:
+        raise RecipeError(f"rewards: weights {inline} beside the rewards and trainer.reward_weights {list(given)} "
+                          "disagree; give them in one place")
+    weights = inline if inline is not None else given
+    if weights is not None and len(weights) != len(recipe.rewards):
+        raise RecipeError(f"trainer.reward_weights lists {len(weights)} weights for {len(recipe.rewards)} rewards")
+    return None if weights is None else [float(w) for w in weights]
+
+
+def reward_figures(log_history: list[dict], names: list[str], before: list[dict], after: list[dict]) -> dict:
+    """run.json's per-reward figures: each reward's last logged training mean and spread (TRL logs
+    ``rewards/<name>/mean`` and ``/std`` per step), and its held-out mean before and after.
+
+    >>> logs = [{"rewards/a/mean": 0.5, "rewards/a/std": 0.1}, {"rewards/a/mean": 0.7, "rewards/a/std": 0.2}]
+    >>> reward_figures(logs, ["a"], [{"rewards": {"a": 0.0}}], [{"rewards": {"a": 1.0}}])
+    {'rl/reward/a/mean_last': 0.7, 'rl/reward/a/std_last': 0.2, 'rl/heldout/a_before': 0.0, 'rl/heldout/a_after': 1.0}
+    """
+    out: dict = {}
+    for name in names:
+        for stat in ("mean", "std"):
+            logged = [h[f"rewards/{name}/{stat}"] for h in log_history if f"rewards/{name}/{stat}" in h]
+            if logged:
+                out[f"rl/reward/{name}/{stat}_last"] = round(logged[-1], 5)
+        for side, details in (("before", before), ("after", after)):
+            values = [d["rewards"].get(name) for d in details if d["rewards"].get(name) is not None]
+            if values:
+                out[f"rl/heldout/{name}_{side}"] = round(sum(values) / len(values), 5)
+    return out
+
+
 def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool, processes: int = 1) -> tuple[str, str]:
     """(backend, why) without side effects: "trl-vllm", "vllm-server" or "hf"; RecipeError when impossible."""
     from smolforge.generation.backends import pick_backend
@@ -145,6 +182,7 @@ def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> No
         raise RecipeError(f"only {len(train)} training prompts; need at least trainer.num_generations "
                           f"({recipe.trainer.num_generations})")
     reward_functions(recipe.rewards, runs)
+    recipe_weights(recipe)
 
 
 def policy_device(local: Any, *, use_cpu: bool) -> Any:
@@ -266,6 +304,9 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     parent = model_parent(runs, recipe.parent)
     paths, data_run, train, heldout = load_prompts(recipe, runs, recipe.trainer.seed)
     rewards = reward_functions(recipe.rewards, runs)
+    weights = recipe_weights(recipe)
+    if weights is not None:
+        recipe.trainer.reward_weights = weights            # TRL weighs the rewards' sum (or normalised sum) so
     backend = rollout_backend(recipe, parent.model_dir, has_rollout_hook=has_rollout_hook,
                               processes=process_state().num_processes)
     device = policy_device(local_device(), use_cpu=recipe.trainer.use_cpu)
@@ -283,7 +324,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             tokenizer = load_tokenizer(parent.model_dir)
             model = load_policy(parent.model_dir, device)
             with full_weights(model):
-                before, details_before = mean_reward(model, tokenizer, heldout, rewards,
+                before, details_before = mean_reward(model, tokenizer, heldout, rewards, weights=weights,
                                                      max_new_tokens=recipe.eval_max_new_tokens)
             log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
             watch = ParityWatch(recipe.parity, stage)
@@ -298,7 +339,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
                 rollouts.stop()
         policy = trainer.accelerator.unwrap_model(trainer.model)
         with full_weights(policy):
-            after, details = mean_reward(policy, tokenizer, heldout, rewards,
+            after, details = mean_reward(policy, tokenizer, heldout, rewards, weights=weights,
                                          max_new_tokens=recipe.eval_max_new_tokens)
         save_trained(trainer, run, tokenizer)
         if not trainer.accelerator.is_main_process:
@@ -309,6 +350,10 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
         summary.update({"rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),
                         "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
                         "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0,
-                        **loss_settings(recipe.trainer), **watch.summary(), **is_correction(recipe.trainer, backend)})
+                        **loss_settings(recipe.trainer), **watch.summary(), **is_correction(recipe.trainer, backend),
+                        **reward_figures(trainer.state.log_history, [fn.__name__ for fn in rewards],
+                                         details_before, details)})
+        if weights is not None:
+            summary["rl/reward_weights"] = weights
         run.finish(metrics=summary)
     return run

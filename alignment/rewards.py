@@ -33,7 +33,7 @@ from smolforge.errors import DataError, RecipeError, RunError
 from smolforge.generation.verifiers import answer_match, arith_verifier, completion_text, math_match, prompt_text
 from smolforge.runs import RunLayout, Runs
 
-__all__ = ["BUILTINS", "answer_match", "arith_verifier", "math_match", "resolve", "checked", "RewardModelScorer",
+__all__ = ["BUILTINS", "OverlongPenalty", "split_weight", "reward_weights", "answer_match", "arith_verifier", "math_match", "resolve", "checked", "RewardModelScorer",
            "score_pairs", "mean_reward", "completion_text", "prompt_text"]
 
 RewardFn = Callable[..., list]
@@ -99,6 +99,59 @@ class checked:  # noqa: N801 - used like a function: checked(fn, name)
         return out
 
 
+# --------------------------------------------------------------------------- length
+
+
+class OverlongPenalty:
+    """DAPO's soft overlong punishment: 0 up to ``max_tokens − buffer`` tokens, then falling linearly to
+    −1 at ``max_tokens``, −1 beyond. Counts the completion's token ids (TRL passes ``completion_ids``).
+
+    >>> penalty = OverlongPenalty(max_tokens=8, buffer=4)
+    >>> penalty(["q"] * 4, ["a"] * 4, completion_ids=[[1] * 3, [1] * 4, [1] * 6, [1] * 9])
+    [0.0, 0.0, -0.5, -1.0]
+    """
+
+    __name__ = "length_penalty"
+
+    def __init__(self, max_tokens: int, buffer: int) -> None:
+        if not (isinstance(max_tokens, int) and isinstance(buffer, int) and 0 < buffer <= max_tokens):
+            raise RecipeError(f"length_penalty needs whole numbers 0 < buffer <= max_tokens (DAPO: 20480 and 4096), "
+                              f"got max_tokens={max_tokens!r}, buffer={buffer!r}")
+        self.max_tokens, self.buffer = max_tokens, buffer
+
+    def __call__(self, prompts: list, completions: list, completion_ids: list | None = None, **kwargs) -> list[float]:
+        if completion_ids is None:
+            raise DataError("length_penalty counts completion_ids, which the trainer did not pass")
+        start = self.max_tokens - self.buffer
+        return [0.0 if len(ids) <= start else max(-1.0, (start - len(ids)) / self.buffer) for ids in completion_ids]
+
+
+def split_weight(spec: Any) -> tuple[Any, float | None]:
+    """A ``rewards:`` entry as (what names the reward, its weight or None). A weight rides on a mapping:
+    ``{reward: answer_match, weight: 2}``, ``{judge: {...}, weight: 0.5}``, ``{length_penalty: {...}, weight: 0.2}``.
+
+    >>> split_weight({"reward": "answer_match", "weight": 2}), split_weight("math_match")
+    (('answer_match', 2.0), ('math_match', None))
+    """
+    if not isinstance(spec, dict) or "weight" not in spec:
+        return (spec["reward"] if isinstance(spec, dict) and set(spec) == {"reward"} else spec), None
+    weight = spec["weight"]
+    if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+        raise RecipeError(f"rewards: weight must be a number, got {weight!r} in {spec!r}")
+    rest = {k: v for k, v in spec.items() if k != "weight"}
+    return (rest["reward"] if set(rest) == {"reward"} else rest), float(weight)
+
+
+def reward_weights(specs: Sequence) -> list[float] | None:
+    """One weight per entry of ``rewards:`` (1 where an entry gives none), or None when none gives one.
+
+    >>> reward_weights(["answer_match", {"length_penalty": {"max_tokens": 8, "buffer": 4}, "weight": 0.5}])
+    [1.0, 0.5]
+    """
+    weights = [split_weight(spec)[1] for spec in specs]
+    return None if all(w is None for w in weights) else [1.0 if w is None else w for w in weights]
+
+
 # --------------------------------------------------------------------------- naming rewards
 
 
@@ -120,13 +173,21 @@ def resolve(spec: str | dict | RewardFn, runs: Runs | None = None) -> RewardFn:
     """
     if callable(spec):
         return spec if isinstance(spec, checked) else checked(spec)
+    spec = split_weight(spec)[0]
+    if isinstance(spec, dict) and set(spec) == {"length_penalty"} and isinstance(spec["length_penalty"], dict):
+        options = spec["length_penalty"]
+        unknown = set(options) - {"max_tokens", "buffer"}
+        if unknown:
+            raise RecipeError(f"length_penalty takes max_tokens and buffer, not {', '.join(sorted(unknown))}")
+        return checked(OverlongPenalty(options.get("max_tokens"), options.get("buffer")), "length_penalty")
     if isinstance(spec, dict) and set(spec) == {"judge"} and isinstance(spec["judge"], dict):
         from smolforge.generation.judge.reward import JudgeReward
 
         judge = JudgeReward.from_spec(spec["judge"], runs.cache_dir("judge") if runs is not None else None)
         return checked(judge, judge.__name__)
     if not isinstance(spec, str) or not spec.strip():
-        raise RecipeError(f"a reward must be a name, a dotted path, run:<name> or {{judge: {{...}}}}, got {spec!r}")
+        raise RecipeError(f"a reward must be a name, a dotted path, run:<name>, {{judge: {{...}}}} or "
+                          f"{{length_penalty: {{max_tokens, buffer}}}} (each may carry a weight), got {spec!r}")
     spec = spec.strip()
     if spec in BUILTINS:
         return checked(BUILTINS[spec], spec)
@@ -254,8 +315,10 @@ class RewardModelScorer:
 
 
 def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[RewardFn | str] | RewardFn,
-                max_new_tokens: int = 32, batch_size: int = 32, runs: Runs | None = None) -> tuple[float, list[dict]]:
-    """Greedy completions for held-out prompt rows, scored: ``(mean summed reward, per-row details)``.
+                max_new_tokens: int = 32, batch_size: int = 32, runs: Runs | None = None,
+                weights: Sequence[float] | None = None) -> tuple[float, list[dict]]:
+    """Greedy completions for held-out prompt rows, scored: ``(mean summed reward, per-row details)``;
+    the sum weighted by ``weights`` (one per reward) when given, as the trainer weighs them.
 
     ``rows`` are prompt rows (``{"prompt", "answer"?, "kind"?...}``); their other columns reach the
     reward functions as keyword lists, as in TRL. Generation is greedy through
@@ -287,7 +350,8 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
     details = []
     for i, row in enumerate(rows):
         rewards = {name: values[i] for name, values in scores.items()}
-        total = sum(v for v in rewards.values() if v is not None)
+        factors = dict(zip(scores, weights)) if weights is not None else {}
+        total = sum(v * factors.get(name, 1.0) for name, v in rewards.items() if v is not None)
         details.append({**{k: v for k, v in row.items() if k != "prompt"}, "prompt": prompt_text(row["prompt"]),
                         "completion": outputs[i], "rewards": rewards, "total": total})
     return sum(d["total"] for d in details) / len(details), details

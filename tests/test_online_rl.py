@@ -18,13 +18,45 @@ def one_reward_too_few(prompts, completions, **kwargs):
     return [1.0] * (len(completions) - 1)
 
 
+def even_token_share(prompts, completions, completion_ids, **kwargs):
+    """A second reward that differs between sampled answers (the tiny model's all run to the length limit,
+    so a length penalty would give every one the same)."""
+    return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("stage", ["grpo", "rloo"])
-def test_online_rl_trains_from_the_sft_model_and_reports_heldout_reward(runs, sft_run, data_run, stage):
-    # HF rollouts here; GRPO through the vLLM server is checked by the demo pipeline (test_pipeline_e2e)
-    run = run_stage(stage, runs, name=f"{stage}-tiny", parent=sft_run.name, data=data_run.name,
-                    eval_max_new_tokens=8, trainer=TINY_RL, generation="hf")
+def test_online_rl_trains_from_the_sft_model_and_reports_heldout_reward(runs, sft_run, data_run, stage, monkeypatch):
+    """HF rollouts here (the vLLM server's are tests/test_vllm_rollouts.py's and test_real_model.py's). GRPO
+    trains on two weighted rewards, each normalised within its group first (GDPO's normalize_then_sum):
+    the advantages TRL computed for the last batch are the formula's (alignment/grpo_math.py) on the
+    rewards it logged."""
+    import torch
+    from trl import GRPOTrainer
+
+    from smolforge.alignment.grpo_math import advantages
+
+    trainers = []
+    build = GRPOTrainer.__init__
+    monkeypatch.setattr(GRPOTrainer, "__init__", lambda self, *a, **k: (trainers.append(self), build(self, *a, **k))[1])
+    rewards = ["answer_match"] if stage == "rloo" else \
+        [{"reward": "answer_match", "weight": 1.0}, {"reward": "test_online_rl:even_token_share", "weight": 0.5}]
+    trainer = {**TINY_RL, **({"multi_objective_aggregation": "normalize_then_sum"} if stage == "grpo" else {})}
+    run = run_stage(stage, runs, name=f"{stage}-tiny", parent=sft_run.name, data=data_run.name, rewards=rewards,
+                    eval_max_new_tokens=8, trainer=trainer, generation="hf")
     metrics = run.metrics
+    if stage == "grpo":
+        [grpo] = trainers
+        logged = torch.tensor([list(grpo._logs["rewards"][name]) for name in ("answer_match", "even_token_share")]).T
+        assert not logged.isnan().any() and logged[:, 1].std() > 0        # the second reward really varied
+        expected = advantages(logged, torch.tensor([1.0, 0.5]), TINY_RL["num_generations"],
+                              aggregation="normalize_then_sum")
+        assert torch.allclose(torch.tensor(list(grpo._logs["advantages"])), expected, atol=1e-4)
+        assert metrics["rl/reward_weights"] == [1.0, 0.5]
+        assert metrics["rl/multi_objective_aggregation"] == "normalize_then_sum"
+        for name in ("answer_match", "even_token_share"):                 # each reward's mean and spread
+            assert {f"rl/reward/{name}/mean_last", f"rl/reward/{name}/std_last", f"rl/heldout/{name}_before",
+                    f"rl/heldout/{name}_after"} <= set(metrics)
     assert run.info["parents"] == [sft_run.name, data_run.name]
     assert run.info["data_fingerprints"]["prompts"] == data_run.info["data_fingerprints"]["data/prompts"]
     assert metrics["train/steps"] == 2
@@ -59,6 +91,10 @@ def test_a_reward_function_with_the_wrong_length_is_named(runs, sft_run, data_ru
     ({"trainer": {**TINY_RL, "loss_type": "cispo"}}, "epsilon_high is CISPO's cap on the importance weight"),
     ({"trainer": {**TINY_RL, "importance_sampling_level": "seq"}}, "must be token or sequence"),
     ({"parity": {"max_gap": 0}}, "parity.max_gap must be a positive number"),
+    ({"rewards": [{"reward": "answer_match", "weight": 2}], "trainer": {**TINY_RL, "reward_weights": [1.0]}},
+     "rewards: weights [2.0] beside the rewards and trainer.reward_weights [1.0] disagree"),
+    ({"rewards": [{"length_penalty": {"max_tokens": 8, "buffer": 9}}]}, "0 < buffer <= max_tokens"),
+    ({"rewards": [{"reward": "answer_match", "weight": "high"}]}, "weight must be a number"),
     ({"parity": {"on_breach": "ignore"}}, "parity.on_breach must be one of stop, warn"),
 ])
 def test_online_rl_recipe_mistakes_are_refused_before_training(runs, sft_run, change, message):

@@ -148,6 +148,14 @@ def _check_numbers(recipe: Recipe) -> None:
     need(recipe.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1, got {recipe.eval_max_new_tokens}")
     need(isinstance(recipe.rewards, list) and bool(recipe.rewards),
          "rewards: name at least one reward function (e.g. [answer_match]) or run:<reward run>")
+    from ..rewards import reward_weights
+
+    inline = reward_weights(recipe.rewards) if isinstance(recipe.rewards, list) else None
+    need(inline is None or recipe.reward_weights is None or [float(w) for w in recipe.reward_weights] == inline,
+         f"rewards: weights {inline} beside the rewards and reward_weights {recipe.reward_weights} disagree; "
+         "give them in one place")
+    if inline is not None:
+        recipe.reward_weights = inline
     if recipe.reward_weights is not None:
         need(isinstance(recipe.reward_weights, list) and len(recipe.reward_weights) == len(recipe.rewards),
              f"reward_weights must list one weight per reward ({len(recipe.rewards)}), got {recipe.reward_weights!r}")
@@ -211,7 +219,11 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
 
     from .models import build_models, gathered_policy
 
+    from ..rewards import reward_weights
+
     spec = recipe.ppo
+    if recipe.reward_weights is None:
+        recipe.reward_weights = reward_weights(recipe.rewards)   # weights given beside the rewards
     accelerator = make_accelerator(spec)
     main = accelerator.is_main_process
     parent = model_parent(runs, recipe.parent)
@@ -226,14 +238,16 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         set_seed(spec.seed, device_specific=True)
         with _rollouts(backend, parent.model_dir, run, spec, cuda=accelerator.device.type == "cuda") as rollouts:
             models = build_models(parent.model_dir, spec, accelerator)
-            before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
+            before, details_before = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens,
+                                                      recipe.reward_weights)
             log.info("ppo: held-out reward of the parent policy %.3f on %d prompts", before, len(heldout))
             started = time.perf_counter()
             with (open_tracker(run, recipe, main) as tracker,
                   StepProfiler(recipe.profile, run.path, accelerator.process_index, main=main) as profiler):
                 history, kl_coef = _train(models, recipe, run, train, reward_fns, rollouts, tracker, profiler)
             seconds = time.perf_counter() - started
-        after, details_after = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens)
+        after, details_after = heldout_reward(models, heldout, reward_fns, recipe.eval_max_new_tokens,
+                                                      recipe.reward_weights)
         log.info("ppo: held-out reward %.3f -> %.3f", before, after)
         accelerator.wait_for_everyone()
         with gathered_policy(models):
@@ -372,14 +386,16 @@ def make_accelerator(spec: PPOSpec):
     return accelerator
 
 
-def heldout_reward(models, rows: list[dict], reward_fns: list, max_new_tokens: int) -> tuple[float, list]:
+def heldout_reward(models, rows: list[dict], reward_fns: list, max_new_tokens: int,
+                   weights: list | None = None) -> tuple[float, list]:
     """Mean verifier reward of greedy answers to ``rows`` (:func:`smolforge.alignment.rewards.mean_reward`)."""
     from trl.models.utils import unwrap_model_for_generation
 
     from ..rewards import mean_reward
 
     with unwrap_model_for_generation(models.model, models.accelerator) as unwrapped:
-        return mean_reward(unwrapped.policy, models.tokenizer, rows, reward_fns, max_new_tokens=max_new_tokens)
+        return mean_reward(unwrapped.policy, models.tokenizer, rows, reward_fns, max_new_tokens=max_new_tokens,
+                           weights=weights)
 
 
 class _NoRun(RunLayout):
