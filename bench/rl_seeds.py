@@ -3,6 +3,7 @@
     .venv/bin/python bench/rl_seeds.py                          # GRPO, seeds 0 1 2, from runs/sft-demo
     .venv/bin/python bench/rl_seeds.py --stages grpo rloo ppo --seeds 0 1 2 3
     .venv/bin/python bench/rl_seeds.py --runs-dir /tmp/bench-runs  # builds data → pretrain → SFT there if missing
+    .venv/bin/python bench/rl_seeds.py --losses dapo dr_grpo       # GRPO with two losses of its family, same seeds
 
 Each (stage, seed) runs the stage's demo recipe (recipes/demo/<stage>.yaml) from the demo SFT
 model as its own process, ``smolforge <stage> --config … --set trainer.seed=S`` (PPO:
@@ -14,7 +15,9 @@ recipes when missing (a few minutes).
 
 Prints one row per run and a summary per stage (mean ± sample standard deviation, min–max),
 then ONE line holding a JSON object; ``ratio`` is the mean reward after ÷ the mean before
-(> 1: RL raised the held-out reward), with both raw figures.
+(> 1: RL raised the held-out reward), with both raw figures. ``--losses`` runs GRPO once per
+``trainer.loss_type`` (rows ``grpo[dapo]``, ``grpo[dr_grpo]`` …; ``dr_grpo`` with ``scale_rewards:
+none``, as its paper has it) on the same seeds, so two losses are compared on the same draws.
 """
 from __future__ import annotations
 
@@ -52,13 +55,22 @@ def ensure_parent(runs_dir: Path) -> None:
         smolforge(runs_dir, stage, "--config", str(DEMO / f"{stage}.yaml"), "--overwrite")
 
 
-def run_seed(runs_dir: Path, stage: str, seed: int) -> dict:
-    name = f"{stage}-seed{seed}"
+def loss_sets(loss: str | None) -> list[str]:
+    """``--set`` arguments for one GRPO loss (none: the recipe's own)."""
+    if loss is None:
+        return []
+    return ["--set", f"trainer.loss_type={loss}"] + (["--set", "trainer.scale_rewards=none"] if loss == "dr_grpo" else []) \
+        + (["--set", "trainer.epsilon_high=5.0"] if loss == "cispo" else [])
+
+
+def run_seed(runs_dir: Path, stage: str, seed: int, loss: str | None = None) -> dict:
+    label = f"{stage}[{loss}]" if loss else stage
+    name = f"{stage}-{loss}-seed{seed}" if loss else f"{stage}-seed{seed}"
     started = time.perf_counter()
     smolforge(runs_dir, stage, "--config", str(DEMO / f"{stage}.yaml"), "--set", f"name={name}",
-              "--set", f"{SEED_KEY[stage]}={seed}", "--overwrite")
+              "--set", f"{SEED_KEY[stage]}={seed}", *loss_sets(loss), "--overwrite")
     metrics = Runs(runs_dir).get(name).metrics
-    return {"stage": stage, "seed": seed, "before": metrics["rl/heldout_reward_before"],
+    return {"stage": label, "seed": seed, "before": metrics["rl/heldout_reward_before"],
             "after": metrics["rl/heldout_reward_after"], "prompts": metrics["rl/heldout_prompts"],
             "generation": metrics.get("rl/generation"), "seconds": round(time.perf_counter() - started, 1)}
 
@@ -74,23 +86,28 @@ def main() -> None:
     parser.add_argument("--runs-dir", default="runs", help="where sft-demo lives (built there if missing)")
     parser.add_argument("--stages", nargs="+", default=["grpo"], choices=sorted(SEED_KEY))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--losses", nargs="+", help="GRPO once per trainer.loss_type (e.g. dapo dr_grpo), "
+                                                    "instead of --stages")
     args = parser.parse_args()
     if len(args.seeds) < 3:
         parser.error("give at least 3 seeds: one run's figure is one draw")
     runs_dir = Path(args.runs_dir).resolve()
     ensure_parent(runs_dir)
     rows = []
-    for stage in args.stages:
+    variants = [("grpo", loss) for loss in args.losses] if args.losses else [(stage, None) for stage in args.stages]
+    for stage, loss in variants:
         for seed in args.seeds:
-            rows.append(run_seed(runs_dir, stage, seed))
+            rows.append(run_seed(runs_dir, stage, seed, loss))
             last = rows[-1]
-            print(f"{stage} seed {seed}: {last['before']:.3f} → {last['after']:.3f} ({last['seconds']} s)", flush=True)
+            print(f"{last['stage']} seed {seed}: {last['before']:.3f} → {last['after']:.3f} ({last['seconds']} s)",
+                  flush=True)
+    labels = [f"{stage}[{loss}]" if loss else stage for stage, loss in variants]
     print(render_table(["stage", "seed", "held-out before", "after", "prompts", "generation", "seconds"],
                        [[r["stage"], r["seed"], f"{r['before']:.3f}", f"{r['after']:.3f}", r["prompts"],
                          r["generation"], r["seconds"]] for r in rows]))
     figures: dict = {"seeds": args.seeds, "runs": rows}
     summary_rows = []
-    for stage in args.stages:
+    for stage in labels:
         before = spread([r["before"] for r in rows if r["stage"] == stage])
         after = spread([r["after"] for r in rows if r["stage"] == stage])
         figures[stage] = {"before": before, "after": after, "ratio": round(after["mean"] / before["mean"], 4),
@@ -100,7 +117,7 @@ def main() -> None:
                              f"{after['min']:.3f}–{after['max']:.3f}", f"{figures[stage]['ratio']:.3f}"])
     print(render_table(["stage", "seeds", "before (mean ± sd)", "after (mean ± sd)", "after min–max", "ratio"],
                        summary_rows))
-    first = args.stages[0]
+    first = labels[0]
     figures["ratio"] = figures[first]["ratio"]
     print(json.dumps(figures))
 

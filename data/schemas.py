@@ -4,7 +4,10 @@
 - ``chat``: ``{"messages": [{"role", "content"}, ...]}`` with at least one assistant turn — SFT;
 - ``preference``: ``{"prompt", "chosen", "rejected"}``, each a string (plain) or a list of
   messages (conversational) — DPO and reward models;
-- ``prompt``: ``{"prompt"}`` (a string or messages), optionally ``"answer"`` for verifiers — online RL.
+- ``prompt``: ``{"prompt"}`` (a string or messages), optionally ``"answer"`` for verifiers — online RL;
+- ``feedback``: ``{"prompt", "completion", "label"}``, unpaired feedback (``label`` true: a desirable
+  answer) as in ``trl-lib/kto-mix-14k`` — KTO. A preference row read as feedback becomes two rows:
+  its chosen answer with ``true``, its rejected one with ``false``.
 
 Rows in a public dataset's own layout (smoltalk, UltraFeedback, HH-RLHF, GSM8K, MATH, OpenR1…)
 are read into these shapes first (:mod:`smolforge.data.shapes`, detected from the row's keys), so a
@@ -34,7 +37,7 @@ from .jsonl import read_jsonl
 from .shapes import AUTO, normalize
 
 SCHEMAS = {"text": ("text",), "chat": ("messages",), "preference": ("prompt", "chosen", "rejected"),
-           "prompt": ("prompt",)}
+           "prompt": ("prompt",), "feedback": ("prompt", "completion", "label")}
 ROLES = ("system", "user", "assistant")
 
 
@@ -70,6 +73,20 @@ def validate_row(row: dict, schema: str, where: str) -> None:
             raise DataError(f"{where}: field 'text' must be a non-empty string")
     elif schema == "chat":
         _check_messages(where, "messages", row["messages"], need_assistant=True)
+    elif schema == "feedback":
+        if not isinstance(row["label"], bool):
+            raise DataError(f"{where}: field 'label' must be true (a desirable answer) or false, "
+                            f"found {row['label']!r}")
+        conversational = isinstance(row["prompt"], list)
+        if conversational:
+            _check_messages(where, "prompt", row["prompt"], need_assistant=False)
+            _check_messages(where, "completion", row["completion"], need_assistant=True)
+            _check_answer(where, "completion", row["completion"])
+        else:
+            for field in ("prompt", "completion"):
+                if not isinstance(row[field], str) or not row[field].strip():
+                    raise DataError(f"{where}: field '{field}' must be a non-empty string (or, for "
+                                    f"conversational data, a list of messages)")
     elif schema == "prompt":
         if isinstance(row["prompt"], list):
             _check_messages(where, "prompt", row["prompt"], need_assistant=False)
@@ -100,6 +117,12 @@ def load_rows(path: str | Path, schema: str, shape: str = AUTO) -> list[dict]:
     rows = []
     for line_no, row in read_jsonl(path):
         where = f"{path} line {line_no}"
+        if schema == "feedback" and "label" not in row:      # a pair: two pieces of feedback
+            pair = normalize(row, "preference", where, shape)
+            validate_row(pair, "preference", where)
+            rows += [{"prompt": pair["prompt"], "completion": pair[side], "label": side == "chosen"}
+                     for side in ("chosen", "rejected")]
+            continue
         row = normalize(row, schema, where, shape)
         validate_row(row, schema, where)
         rows.append(row)

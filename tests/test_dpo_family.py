@@ -186,3 +186,51 @@ def test_orpo_trains_without_a_reference_and_writes_a_plain_model(runs, sft_run,
 def test_orpo_beta_zero_is_refused(runs, sft_run):
     with pytest.raises(RecipeError, match="trainer.beta must be > 0"):
         load_stage("orpo").validate(orpo_recipe(trainer={"beta": 0.0}), runs)
+
+
+# ------------------------------------------------------------------------------------------------- KTO
+
+
+def feedback_rows(path, rows):
+    path.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return str(path)
+
+
+ASK = [{"role": "user", "content": "What does Bo eat?"}]
+OTHER = [{"role": "user", "content": "Add 2 and 3."}]
+
+
+def test_kto_loss_is_the_papers_on_the_logged_rewards_and_kl(runs, sft_run, tmp_path):
+    """Unpaired feedback in trl-lib/kto-mix-14k's layout, one desirable and one undesirable answer: step 2's
+    loss (after one update, so the log-ratios are not zero) against the KTO paper's eq. (7) on what TRL
+    logged for that batch: λ_D(1 − σ(β r_D − β z₀)) and λ_U(1 − σ(β z₀ − β r_U)), averaged."""
+    data = feedback_rows(tmp_path / "feedback.jsonl", [
+        {"prompt": ASK, "completion": [{"role": "assistant", "content": "Bo eats rice."}], "label": True},
+        {"prompt": OTHER, "completion": [{"role": "assistant", "content": "Bo eats seven."}], "label": False}])
+    run = run_stage("kto", runs, name="kto-formula", parent=sft_run.name, data=data,
+                    trainer={"max_steps": 2, "per_device_train_batch_size": 2, "gradient_accumulation_steps": 1,
+                             "logging_steps": 1, "learning_rate": 1e-3, "max_length": 64, "beta": 0.1,
+                             "desirable_weight": 1.0, "undesirable_weight": 1.5, "warmup_steps": 0, "bf16": False})
+    chosen, rejected = logged(run, "rewards/chosen")[1], logged(run, "rewards/rejected")[1]
+    kl, loss = logged(run, "kl")[1], logged(run, "loss")[1]
+    assert abs(chosen) > 1e-3 and abs(rejected) > 1e-3          # the policy moved from its reference
+    sig = lambda x: 1 / (1 + math.exp(-x))                       # noqa: E731
+    expected = (1.0 * (1 - sig(chosen - 0.1 * kl)) + 1.5 * (1 - sig(0.1 * kl - rejected))) / 2
+    assert loss == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert logged(run, "loss")[0] == pytest.approx((1.0 * 0.5 + 1.5 * 0.5) / 2, abs=1e-4)   # step 1: r = z₀ = 0
+    assert {"train/chosen", "train/rejected", "train/kl"} <= set(run.metrics)
+
+
+def test_feedback_rows_are_checked_and_pairs_become_two_rows(tmp_path, runs, sft_run):
+    from smolforge.data.schemas import load_rows
+
+    pairs = feedback_rows(tmp_path / "pairs.jsonl", [{"prompt": "Q?", "chosen": "Good.", "rejected": "Bad."}])
+    assert load_rows(pairs, "feedback") == [{"prompt": "Q?", "completion": "Good.", "label": True},
+                                            {"prompt": "Q?", "completion": "Bad.", "label": False}]
+    bad = feedback_rows(tmp_path / "bad.jsonl", [{"prompt": "Q?", "completion": "A.", "label": "yes"}])
+    with pytest.raises(DataError, match=r"bad.jsonl line 1: field 'label' must be true .* found 'yes'"):
+        load_rows(bad, "feedback")
+    one_kind = feedback_rows(tmp_path / "good.jsonl", [{"prompt": "Q?", "completion": "A.", "label": True}] * 2)
+    with pytest.raises(DataError, match=r"KTO needs both kinds of feedback: 2 rows and no undesirable"):
+        load_stage("kto").validate(tiny_recipe("kto", parent=sft_run.name, data=one_kind), runs)
+    assert not (runs.root / "kto-demo").exists()
