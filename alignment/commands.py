@@ -1,4 +1,4 @@
-"""The alignment stages, declared (sft, dpo, orpo, kto, reward, grpo, rloo, ppo, distill, merge), with examples for their help.
+"""The alignment stages, declared (sft, dpo, orpo, cpo, kto, reward, grpo, rloo, ppo, distill, merge), with examples for their help.
 
     >>> from smolforge.commands import Commands
     >>> cli = Commands(); register(cli)
@@ -19,6 +19,8 @@ STAGES = (
               example="smolforge dpo --config recipes/demo/dpo.yaml --set trainer.beta=0.2"),
     StageSpec("orpo", "smolforge.alignment.orpo", makes_model=True, trains=True,
               example="smolforge orpo --config recipes/demo/orpo.yaml --set trainer.beta=0.1"),
+    StageSpec("cpo", "smolforge.alignment.cpo", makes_model=True, trains=True,
+              example="smolforge cpo --config recipes/demo/simpo.yaml --set trainer.simpo_gamma=1.5"),
     StageSpec("kto", "smolforge.alignment.kto", makes_model=True, trains=True,
               example="smolforge kto --config recipes/demo/kto.yaml --set trainer.undesirable_weight=1.5"),
     # its run holds a scorer, not a causal LM: nothing to evaluate after it

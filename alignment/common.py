@@ -261,7 +261,8 @@ def trained_dtypes(model, optimizer) -> dict:
 
 # What each TRL stage reads: the data kind (file name in a data run) and the row schema.
 STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference"), "orpo": ("prefs", "preference"),
-              "reward": ("prefs", "preference"), "kto": ("prefs", "feedback")}
+              "reward": ("prefs", "preference"), "kto": ("prefs", "feedback"),
+              "cpo": ("prefs", "preference")}
 
 
 # The rows validate_inputs read, handed to the run that follows it in the same process (the data is

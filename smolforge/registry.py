@@ -93,7 +93,7 @@ def model_stages() -> tuple[str, ...]:
     instead); an imported released model is scored too: the baseline of the steps that follow it.
 
     >>> model_stages()
-    ('import', 'pretrain', 'sft', 'dpo', 'orpo', 'kto', 'grpo', 'rloo', 'ppo', 'distill', 'merge')
+    ('import', 'pretrain', 'sft', 'dpo', 'orpo', 'cpo', 'kto', 'grpo', 'rloo', 'ppo', 'distill', 'merge')
     """
     return tuple(name for name, spec in stage_specs().items() if spec.makes_model)
 
@@ -102,7 +102,7 @@ def training_stages() -> tuple[str, ...]:
     """The stages that run a training loop: what a pipeline-level ``launch:`` starts under its launcher.
 
     >>> training_stages()
-    ('pretrain', 'sft', 'dpo', 'orpo', 'kto', 'reward', 'grpo', 'rloo', 'ppo', 'distill')
+    ('pretrain', 'sft', 'dpo', 'orpo', 'cpo', 'kto', 'reward', 'grpo', 'rloo', 'ppo', 'distill')
     """
     return tuple(name for name, spec in stage_specs().items() if spec.trains)
 
@@ -125,7 +125,7 @@ def load_stage(name: str) -> ModuleType:
     >>> load_stage("nope")
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, data, distill, dpo, eval, grpo, import, judge, kto, merge, orpo, ppo, pretrain, reward, rloo, sft, synth)
+    smolforge.errors.RecipeError: unknown stage 'nope' (known stages: annotate, cpo, data, distill, dpo, eval, grpo, import, judge, kto, merge, orpo, ppo, pretrain, reward, rloo, sft, synth)
     """
     table = stages()
     if name not in table:

@@ -234,3 +234,31 @@ def test_feedback_rows_are_checked_and_pairs_become_two_rows(tmp_path, runs, sft
     with pytest.raises(DataError, match=r"KTO needs both kinds of feedback: 2 rows and no undesirable"):
         load_stage("kto").validate(tiny_recipe("kto", parent=sft_run.name, data=one_kind), runs)
     assert not (runs.root / "kto-demo").exists()
+
+
+@pytest.mark.parametrize("loss_type", ["simpo", "sigmoid"])
+def test_simpo_and_cpo_losses_are_the_papers_on_the_logged_rewards(runs, data_run, sft_run, loss_type):
+    """recipes/demo/simpo.yaml through TRL's CPOTrainer, one pair, step 1: SimPO's eq. 6,
+    −log σ(r_w − r_l − γ) on the rewards TRL logged (β × mean log-prob), and CPO's
+    −log σ(r_w − r_l) + α·NLL (β × summed log-prob); no reference model, so the rewards are not zero."""
+    _, data = load_recipe(DEMO / "simpo.yaml")
+    cpo = {"loss_type": "sigmoid", "cpo_alpha": 1.0, "beta": 0.1} if loss_type == "sigmoid" else {}
+    data = deep_merge(data, {"name": f"cpo-{loss_type}", "parent": sft_run.name, "data": data_run.name,
+                             "trainer": {"max_steps": 1, "per_device_train_batch_size": 1, "logging_steps": 1,
+                                         "gradient_accumulation_steps": 1, "max_length": 64, "bf16": False, **cpo}})
+    stage = load_stage("cpo")
+    recipe = build_stage_recipe(stage, data, source="simpo.yaml (test)")
+    stage.validate(recipe, runs)
+    run = stage.run(recipe, runs, overwrite=True)
+    [chosen], [rejected], [loss] = logged(run, "rewards/chosen"), logged(run, "rewards/rejected"), logged(run, "loss")
+    [nll] = logged(run, "nll_loss")
+    logsig = lambda x: -math.log1p(math.exp(-x))                # noqa: E731
+    if loss_type == "simpo":
+        expected = -logsig(chosen - rejected - 1.0)              # γ = 1.0 from the recipe
+        assert nll == 0.0
+    else:
+        expected = -logsig(chosen - rejected) + 1.0 * nll
+        assert nll > 0
+    assert abs(chosen - rejected) > 1e-3
+    assert loss == pytest.approx(expected, rel=1e-4, abs=1e-5)
+    assert run.info["recipe"]["trainer"]["loss_type"] == loss_type and "train/margins" in run.metrics
