@@ -20,6 +20,10 @@ The reference model (``reference:``):
 - ``none``: TRL's implicit reference, the adapter-disabled base; needs ``lora:``.
 - ``run:<name>`` or a folder (a run, or a HF model folder): an explicit frozen reference.
 
+``packing: true`` runs each batch's sequences as one row, chosen and rejected answers as separate
+documents (per-document positions and attention), no padding: the same loss
+(:mod:`smolforge.alignment.packed_preference`).
+
 ``trainer.precompute_ref_log_probs: true`` makes TRL run the reference once over the whole training
 set before step 1 (one no-grad pass) and store the log-probs as dataset columns; training steps
 then skip the reference forward and no reference model is kept in memory
@@ -73,6 +77,8 @@ class Recipe:
     data: str = "data-demo"           # data run (its data/prefs.jsonl) or a .jsonl of preference rows
     reference: str = "parent"         # frozen reference: parent | none (LoRA only) | run:<name> | a model folder
     lora: LoraSpec | None = None      # train a LoRA adapter instead of all weights; merged into model/ at the end
+    packing: bool = False             # each batch's sequences as one document-masked row, no padding
+                                      #   (smolforge.alignment.packed_preference; the same loss, less padding)
     trainer: DPOConfig = field(default_factory=lambda: DPOConfig(**defaults()["trainer"]))  # any trl.DPOConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
@@ -219,6 +225,13 @@ def trainer_factory(recipe: Recipe, reference: Path | None):
             ref_model=load_frozen(reference, bf16=recipe.trainer.bf16) if load_reference else None,
             args=recipe.trainer, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks,
             peft_config=lora_config(recipe.lora) if recipe.lora is not None else None)
+        if recipe.packing:
+            from .packed_preference import add_packed_forward
+
+            add_packed_forward(trainer.model.get_base_model() if hasattr(trainer.model, "get_base_model")
+                               else trainer.model)
+            if trainer.ref_model is not None:
+                add_packed_forward(trainer.ref_model)
         if precompute:
             trainer.ref_model = None  # its log-probs are dataset columns now; TRL would keep it in memory
         return trainer
