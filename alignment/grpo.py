@@ -31,6 +31,8 @@ from trl import GRPOConfig
 from smolforge.errors import RecipeError
 from smolforge.runs import Run, Runs
 
+from smolforge.generation.prompts import load_tokenizer
+
 from .online import OnlineRecipe, online_defaults, train_online, validate_online
 
 
@@ -43,6 +45,8 @@ def defaults() -> dict:
 class Recipe(OnlineRecipe):
     name: str = "grpo-demo"           # run name
     trainer: GRPOConfig = field(default_factory=lambda: GRPOConfig(**defaults()["trainer"]))  # any trl.GRPOConfig field
+    tools: list = field(default_factory=list)  # tools the policy may call: calculator, python (sandboxed;
+                                      #   smolforge.generation.tools); trainer.max_tool_calling_iterations caps the turns
 
 
 def grpo_loss_types() -> list[str]:
@@ -88,8 +92,33 @@ def check_loss(trainer: GRPOConfig) -> None:
                           f"token's update down; set e.g. --set trainer.epsilon_high=5.0")
 
 
+def check_tools(recipe: Recipe, runs: Runs) -> None:
+    """The recipe's tools exist, and the parent's chat template has a tool-call format TRL can parse
+    (SmolLM3's XML tools, Hermes/Qwen JSON, Llama …: ``trl.chat_template_utils.add_response_schema``)."""
+    if not recipe.tools:
+        return
+    import copy
+
+    from trl.chat_template_utils import add_response_schema
+
+    from smolforge.generation.tools import resolve_tools
+
+    from .common import model_parent
+
+    resolve_tools(recipe.tools)
+    tokenizer = load_tokenizer(model_parent(runs, recipe.parent).model_dir)
+    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+        try:
+            add_response_schema(copy.deepcopy(tokenizer))
+        except Exception as err:  # noqa: BLE001 - TRL's own words on why it cannot parse tool calls here
+            raise RecipeError(f"tools: the parent '{recipe.parent}' has a chat template whose tool calls TRL cannot "
+                              f"parse ({str(err).splitlines()[0][:200]}); use a model with a known tool format "
+                              "(SmolLM3, Qwen, Llama) or drop tools:") from None
+
+
 def validate(recipe: Recipe, runs: Runs) -> None:
     check_loss(recipe.trainer)
+    check_tools(recipe, runs)
     validate_online(recipe, runs, has_rollout_hook=True)
 
 
@@ -101,8 +130,11 @@ def trainer_factory(recipe: Recipe):
     def make_trainer(model, dataset, tokenizer, rewards, callbacks, rollout_func):
         if rollout_func is not None:  # TRL warns on every use of its experimental hook; said once in our log
             os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        from smolforge.generation.tools import resolve_tools
+
         return GRPOTrainer(model=model, reward_funcs=rewards, args=recipe.trainer, train_dataset=dataset,
-                           processing_class=tokenizer, callbacks=callbacks, rollout_func=rollout_func)
+                           processing_class=tokenizer, callbacks=callbacks, rollout_func=rollout_func,
+                           tools=resolve_tools(recipe.tools) or None)
 
     return make_trainer
 

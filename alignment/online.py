@@ -146,6 +146,8 @@ def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool, processes: int =
     backend = pick_backend(recipe.generation, model_dir)
     if backend == "vllm":
         return "trl-vllm", "TRL's vLLM colocate mode (an engine in this process)"
+    if backend == "vllm-server" and getattr(recipe, "tools", None):
+        return "hf", "HF generate (with tools, TRL's tool-call loop regenerates through its own backends)"
     if backend == "vllm-server" and processes > 1:
         return "hf", f"HF generate on each of the {processes} processes (the vLLM server path serves one process)"
     if backend == "vllm-server" and not has_rollout_hook:
