@@ -73,74 +73,83 @@ def test_backend_choice_follows_head_size_and_refuses_an_impossible_vllm(tmp_pat
         backends.pick_backend("vllm", tmp_path)
 
 
+@pytest.fixture(scope="module")
+def policy_server(sft_run, tmp_path_factory):
+    """ONE vLLM server holding the tiny SFT model for this file's stage runs (each stage would start its
+    own): the stages get it through their factories, with start and stop made no-ops there; stopped,
+    by PID, after the module."""
+    from smolforge.generation.rollouts import ServerRollouts
+
+    rollouts = ServerRollouts(sft_run.model_dir, tmp_path_factory.mktemp("policy-server"), seed=0,
+                              gpu_memory_utilization=0.3).start()    # on a GPU, the trainers share the card
+    yield rollouts
+    rollouts.stop()
+    assert rollouts.server.process.poll() is not None
+    assert not list(rollouts.workdir.glob("weights-*"))
+
+
+def lend(rollouts, monkeypatch):
+    """``rollouts`` as a stage's own server: already started, not stopped by the stage, back on the SFT weights."""
+    monkeypatch.setattr(rollouts, "start", lambda: rollouts)
+    monkeypatch.setattr(rollouts, "start_in_background", lambda: rollouts)
+    monkeypatch.setattr(rollouts, "stop", lambda: None)
+    return rollouts
+
+
 @needs_vllm
 def test_ppo_rolls_out_through_the_vllm_server_which_samples_what_hf_would_and_follows_weight_updates(
-        runs, sft_run, data_run, monkeypatch):
-    """The PPO stage boots its vLLM server while its models load and pushes the policy before each
-    rollout. The stage's own server is then kept (its stop deferred to the end of this test: one
-    vLLM start for both halves) to check the rollouts themselves against HF, token for token in fp32."""
+        runs, sft_run, data_run, policy_server, monkeypatch):
+    """The PPO stage pushes the policy to its vLLM server before each rollout and measures the log-prob gap;
+    then the rollouts themselves are checked against HF, token for token in fp32."""
     from transformers import AutoModelForCausalLM
 
     from test_ppo_stage import ppo_recipe
 
     from smolforge.alignment.ppo import stage as ppo
     from smolforge.generation.prompts import encode_prompts, load_tokenizer
-    from smolforge.generation.rollouts import ServerRollouts
 
-    kept, stops = [], []
-
-    def keep_server(model_dir, workdir, spec):
-        rollouts = build(model_dir, workdir, spec)
-        monkeypatch.setattr(rollouts, "stop", lambda: stops.append(rollouts))
-        kept.append(rollouts)
-        return rollouts
-
-    build = ppo.server_rollouts
-    monkeypatch.setattr(ppo, "server_rollouts", keep_server)
+    built = []
+    monkeypatch.setattr(ppo, "server_rollouts",
+                        lambda model_dir, workdir, spec: (built.append(model_dir), lend(policy_server, monkeypatch))[1])
     recipe = ppo_recipe(name="ppo-vllm", generation="auto" if torch.cuda.is_available() else "vllm")
     ppo.validate(recipe, runs)
+    syncs = policy_server.syncs
     run = ppo.run(recipe, runs, overwrite=True)
-    assert run.status == "done" and run.metrics["rl/generation"] != "hf"
+    assert run.status == "done" and run.metrics["rl/generation"] != "hf" and built == [sft_run.model_dir]
     steps = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     assert [s["step"] for s in steps] == [1, 2] and all(s["completion_length"] >= 1 for s in steps)
-    assert run.metrics["rl/weight_syncs"] == 2                        # pushed before each of the 2 rollouts
+    assert policy_server.syncs - syncs == 2                           # pushed before each of the 2 rollouts
     # the engine's log-probs of what it sampled against the policy's old log-probs, every step: fp32 both sides
     gaps = [s["parity/logprob_gap_mean"] for s in steps]
     assert len(gaps) == 2 and all(0 <= g < 1e-3 for g in gaps), gaps
     assert run.metrics["parity/steps_measured"] == 2 and run.metrics["parity/steps_over_max_gap"] == 0
-    assert "Application startup complete" in (run.path / "rl" / "rollouts" / "vllm-server.log").read_text()
-    [rollouts] = kept
-    assert stops == [rollouts]                                        # the stage stopped what it started
+    assert "Application startup complete" in policy_server.server.log_path.read_text()
 
+    rollouts = policy_server
     tokenizer = load_tokenizer(sft_run.model_dir)
     model = AutoModelForCausalLM.from_pretrained(sft_run.model_dir).eval()
     prompt_ids = encode_prompts(tokenizer, PROMPTS)
-    try:
-        assert rollouts.server.url.startswith("http://127.0.0.1:")
-        rollouts.sync(model)                                          # back from PPO's policy to the SFT model
-        served = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
-        expected = hf_greedy(model, tokenizer, prompt_ids, 8)
-        assert [ids for ids, _ in served] == [ids for ids, _ in expected]          # fp32: token for token
-        for (_, got), (_, want) in zip(served, expected):
-            assert got == pytest.approx(want, abs=1e-4)
+    assert rollouts.server.url.startswith("http://127.0.0.1:")
+    rollouts.sync(model)                                              # back from PPO's policy to the SFT model
+    served = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
+    expected = hf_greedy(model, tokenizer, prompt_ids, 8)
+    assert [ids for ids, _ in served] == [ids for ids, _ in expected]              # fp32: token for token
+    for (_, got), (_, want) in zip(served, expected):
+        assert got == pytest.approx(want, abs=1e-4)
 
-        with torch.no_grad():                                                     # a different policy
-            torch.manual_seed(0)
-            for param in model.parameters():
-                param.add_(torch.randn_like(param) * 0.2)
-        moved = hf_greedy(model, tokenizer, prompt_ids, 8)
-        assert [ids for ids, _ in moved] != [ids for ids, _ in expected]
-        rollouts.sync(model)
-        after = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
-        assert [ids for ids, _ in after] == [ids for ids, _ in moved]
+    with torch.no_grad():                                                         # a different policy
+        torch.manual_seed(0)
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    moved = hf_greedy(model, tokenizer, prompt_ids, 8)
+    assert [ids for ids, _ in moved] != [ids for ids, _ in expected]
+    rollouts.sync(model)
+    after = rollouts.generate(prompt_ids, max_tokens=8, temperature=0.0)
+    assert [ids for ids, _ in after] == [ids for ids, _ in moved]
 
-        sampled = rollouts.generate(prompt_ids[:1] * 2, max_tokens=8, temperature=1.0, n=4)
-        assert len(sampled) == 8 and all(1 <= len(ids) <= 8 and len(lps) == len(ids) for ids, lps in sampled)
-        assert len({tuple(ids) for ids, _ in sampled}) > 1      # identical prompts still sample differently
-    finally:
-        ServerRollouts.stop(rollouts)
-    assert rollouts.server.process.poll() is not None
-    assert not list((run.path / "rl" / "rollouts").glob("weights-*"))
+    sampled = rollouts.generate(prompt_ids[:1] * 2, max_tokens=8, temperature=1.0, n=4)
+    assert len(sampled) == 8 and all(1 <= len(ids) <= 8 and len(lps) == len(ids) for ids, lps in sampled)
+    assert len({tuple(ids) for ids, _ in sampled}) > 1      # identical prompts still sample differently
 
 
 def even_token_reward(prompts, completions, completion_ids, **kwargs):
@@ -149,22 +158,28 @@ def even_token_reward(prompts, completions, completion_ids, **kwargs):
     return [sum(t % 2 == 0 for t in ids) / max(len(ids), 1) for ids in completion_ids]
 
 
-def test_a_skipped_weight_sync_is_caught_at_the_next_step(runs, sft_run, data_run, monkeypatch):
+@needs_vllm
+def test_a_skipped_weight_sync_is_caught_at_the_next_step(runs, sft_run, data_run, policy_server, monkeypatch):
     """GRPO on the vLLM server measures the engine-vs-policy log-prob gap of every rollout batch. With the
     push after step 1 dropped, step 2 is sampled from the step-0 weights: the gap stops the run there."""
+    from transformers import AutoModelForCausalLM
+
     from conftest import run_stage
     from smolforge.errors import RunError
-    from smolforge.generation.rollouts import ServerRollouts
+    from smolforge.generation import rollouts as rollouts_module
 
+    policy_server.sync(AutoModelForCausalLM.from_pretrained(sft_run.model_dir))   # the policy at step 0
+    lend(policy_server, monkeypatch)
+    monkeypatch.setattr(rollouts_module, "ServerRollouts", lambda *args, **kwargs: policy_server)
     pushes = []
-    push = ServerRollouts.sync
+    push = policy_server.sync
 
-    def drop_the_first_push(self, model):
+    def drop_the_first_push(model):
         pushes.append(model)
         if len(pushes) > 1:
-            push(self, model)
+            push(model)
 
-    monkeypatch.setattr(ServerRollouts, "sync", drop_the_first_push)
+    monkeypatch.setattr(policy_server, "sync", drop_the_first_push)
     with pytest.raises(RunError, match=r"grpo step 2: the inference engine and the trainer disagree .*\(a missed weight sync"):
         run_stage("grpo", runs, name="grpo-skipped-sync", parent=sft_run.name, data=data_run.name, generation="vllm",
                   eval_max_new_tokens=4, parity={"max_gap": 0.01}, rewards=["test_vllm_rollouts:even_token_reward"],
