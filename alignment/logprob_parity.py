@@ -9,6 +9,10 @@ tokens (mean, p99, max) and the spread of the ratio exp(log π_train − log π_
 :class:`ParityWatch` logs them per step (``parity/…`` in metrics.jsonl, run.json, the Prometheus
 exporter) and stops the run, or warns, when the mean gap passes ``max_gap``.
 
+Where TRL drives vLLM itself (``use_vllm``: colocate or server mode on a GPU) TRL measures the same
+gap and logs it as ``sampling/sampling_logp_difference/…`` and ``sampling/importance_sampling_ratio/…``;
+:func:`parity_callback` reads those logs into the same ``parity/…`` figures, history and limit.
+
 Both sides are log-probs at the sampling temperature: the engine's are vLLM's ``processed_logprobs``
 (the rollout server runs so, as TRL's), the trainer's come from logits / temperature, as TRL and PPO
 compute theirs. Top-p < 1 adds its truncation to the gap: the trainer does not truncate.
@@ -29,7 +33,7 @@ from typing import Any
 
 from smolforge.errors import RecipeError, RunError
 
-__all__ = ["ParitySpec", "ParityWatch", "gap_stats", "policy_logprobs"]
+__all__ = ["ParitySpec", "ParityWatch", "gap_stats", "policy_logprobs", "from_trl_logs", "parity_callback"]
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +131,7 @@ class ParityWatch:
         gap = stats["parity/logprob_gap_mean"]
         if gap > self.spec.max_gap:
             message = (f"{self.stage} step {step}: the inference engine and the trainer disagree on the sampled tokens "
-                       f"by {gap:.4f} nats per token on average (max {stats['parity/logprob_gap_max']:.3f}; "
+                       f"by {gap:.4f} nats per token on average (max {stats.get('parity/logprob_gap_max', gap):.3f}; "
                        f"parity.max_gap {self.spec.max_gap}): the engine is not sampling from the policy being "
                        f"trained (a missed weight sync, or a dtype/kernel mismatch)")
             if self.spec.on_breach == "stop":
@@ -144,3 +148,38 @@ class ParityWatch:
                 "parity/logprob_gap_p99_worst": round(max(h["parity/logprob_gap_p99"] for h in self.history), 6),
                 "parity/steps_measured": len(gaps),
                 "parity/steps_over_max_gap": sum(g > self.spec.max_gap for g in gaps)}
+
+
+TRL_KEYS = {"sampling/sampling_logp_difference/mean": "parity/logprob_gap_mean",
+            "sampling/sampling_logp_difference/max": "parity/logprob_gap_max",
+            "sampling/importance_sampling_ratio/min": "parity/is_ratio_min",
+            "sampling/importance_sampling_ratio/max": "parity/is_ratio_max"}
+
+
+def from_trl_logs(logs: dict) -> dict:
+    """TRL's own gap figures of a logged step as ``parity/…`` ones (TRL logs no p99: its max stands in).
+
+    >>> from_trl_logs({"sampling/sampling_logp_difference/mean": 0.02, "sampling/sampling_logp_difference/max": 0.4})
+    {'parity/logprob_gap_mean': 0.02, 'parity/logprob_gap_max': 0.4, 'parity/logprob_gap_p99': 0.4}
+    >>> from_trl_logs({"loss": 0.1})
+    {}
+    """
+    stats = {ours: float(logs[theirs]) for theirs, ours in TRL_KEYS.items() if theirs in logs}
+    if "parity/logprob_gap_mean" not in stats:
+        return {}
+    stats.setdefault("parity/logprob_gap_p99", stats.get("parity/logprob_gap_max", stats["parity/logprob_gap_mean"]))
+    return stats
+
+
+def parity_callback(watch: ParityWatch):
+    """A TrainerCallback feeding TRL's logged gap (its vLLM modes) to ``watch``: kept in the history,
+    and a breach stops the run or is logged, as for smolforge's own rollouts."""
+    from transformers import TrainerCallback
+
+    class ParityFromTRL(TrainerCallback):
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            stats = from_trl_logs(logs or {})
+            if stats:
+                watch.record(state.global_step, stats)
+
+    return ParityFromTRL()

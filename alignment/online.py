@@ -37,7 +37,7 @@ from smolforge.tracking import TrackingSpec
 
 from smolforge.generation.prompts import load_tokenizer
 
-from .logprob_parity import ParitySpec, ParityWatch
+from .logprob_parity import ParitySpec, ParityWatch, parity_callback
 from .common import (check_tracking, lineage_fingerprints, load_trainable, model_parent, quiet_tracking, run_logger,
                      split_heldout, step_profiler, train_summary, trainer_defaults)
 
@@ -331,7 +331,8 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
             watch = ParityWatch(recipe.parity, stage)
             rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer, watch) if rollouts else None
-            callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
+            callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe),
+                         parity_callback(watch)]           # TRL's own vLLM modes log the gap themselves
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, callbacks, rollout_func)
             with profiler:
                 result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)

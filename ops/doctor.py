@@ -675,7 +675,7 @@ def logprob_parity(rows: Sequence[dict], info: dict) -> list[Finding]:
     >>> finding.steps, finding.evidence
     ((2, 2), 'mean log-prob gap 0.09 at step 2 (limit 0.05); 1e-07 at the first measured step')
     """
-    points = series(rows, "parity/logprob_gap_mean")
+    points = series(rows, "parity/logprob_gap_mean") or series(rows, "sampling/sampling_logp_difference/mean")
     if not points and info.get("stage") not in RL_STAGES:
         return []                   # no engine samples for the trainer: nothing to compare
     if not points:

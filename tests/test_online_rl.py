@@ -103,3 +103,25 @@ def test_online_rl_recipe_mistakes_are_refused_before_training(runs, sft_run, ch
     recipe = tiny_recipe("grpo", parent=sft_run.name, **{"trainer": TINY_RL, **change})
     with pytest.raises(RecipeError, match=re.escape(message)):
         load_stage("grpo").validate(recipe, runs)
+
+
+def test_trls_own_gap_figures_meet_the_same_parity_limit():
+    """Where TRL drives vLLM itself (a GPU), it logs the engine-vs-trainer gap as sampling/…: the stage's
+    callback holds those logs to the recipe's parity.max_gap as it does its own measurements."""
+    from types import SimpleNamespace
+
+    from smolforge.alignment.logprob_parity import ParitySpec, ParityWatch, parity_callback
+    from smolforge.errors import RunError
+
+    watch = ParityWatch(ParitySpec(max_gap=0.05), "grpo")
+    callback = parity_callback(watch)
+    callback.on_log(None, SimpleNamespace(global_step=3), None,
+                    logs={"loss": 0.1, "sampling/sampling_logp_difference/mean": 0.012,
+                          "sampling/sampling_logp_difference/max": 0.31, "sampling/importance_sampling_ratio/max": 1.4})
+    callback.on_log(None, SimpleNamespace(global_step=4), None, logs={"loss": 0.1})      # a step without vLLM figures
+    assert watch.summary() == {"parity/logprob_gap_mean_last": 0.012, "parity/logprob_gap_mean_worst": 0.012,
+                               "parity/logprob_gap_p99_worst": 0.31, "parity/steps_measured": 1,
+                               "parity/steps_over_max_gap": 0}
+    with pytest.raises(RunError, match=r"grpo step 5: the inference engine and the trainer disagree .* by 0\.0900"):
+        callback.on_log(None, SimpleNamespace(global_step=5), None,
+                        logs={"sampling/sampling_logp_difference/mean": 0.09})
