@@ -8,9 +8,10 @@ A tool-using policy (GRPO with a Python tool, a ``tools`` eval) hands code it wr
 - no network: a new network namespace (``unshare -rn``: only a loopback that is down) where the
   machine allows it, and in any case an audit hook that refuses every socket;
 - an audit hook (installed before the code runs; Python offers no way to remove one) that refuses
-  opening or listing anything outside the private folder and Python's own installation, starting
-  processes (``fork``, ``subprocess``, ``os.system``, ``exec``, ``posix_spawn``) and loading native
-  libraries through ``ctypes``;
+  opening or listing anything outside the private folder and Python's own installation, removing,
+  renaming or changing anything outside the folder, starting processes (``fork``, ``subprocess``,
+  ``os.system``, ``exec``, ``posix_spawn``, and importing ``_posixsubprocess``, whose ``fork_exec``
+  raises no audit event) and native calls (``ctypes``);
 - limits: CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``), output (stdout and stderr go to
   files capped by ``RLIMIT_FSIZE``: a huge print is cut off there) and a wall-clock timeout after which the
   whole process group is killed.
@@ -49,6 +50,11 @@ READABLE = tuple({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys
                                                  os.path.dirname(os.__file__))})
 class SandboxRefused(PermissionError):
     pass
+WRITES = {"os.remove", "os.rmdir", "os.mkdir", "os.rename", "os.truncate", "os.utime", "os.chown", "os.chflags",
+          "os.lchown", "os.mkfifo", "os.mknod", "shutil.rmtree", "shutil.copyfile", "shutil.copymode",
+          "shutil.copystat", "shutil.copytree", "shutil.move", "shutil.chown", "shutil.make_archive",
+          "shutil.unpack_archive"}
+MODULES = {"_posixsubprocess", "_ctypes", "ctypes"}   # process spawning and native calls below the audit events
 def inside(path, roots):
     try:
         path = os.path.realpath(os.fsdecode(path))
@@ -64,6 +70,13 @@ def hook(event, args):
         if inside(path, (ROOT,)) or (not writing and inside(path, READABLE)):
             return
         raise SandboxRefused(f"open {path!r}: outside the sandbox folder")
+    if event in WRITES:
+        for arg in args:
+            if isinstance(arg, (str, bytes, os.PathLike)) and not inside(arg, (ROOT,)):
+                raise SandboxRefused(f"{event} {arg!r}: outside the sandbox folder")
+        return
+    if event == "import" and args and args[0] in MODULES:
+        raise SandboxRefused(f"import {args[0]}: not allowed in the sandbox")
     if event in ("os.listdir", "os.scandir") and args and args[0] not in (None, ".", b"."):
         if not (inside(args[0], (ROOT,)) or inside(args[0], READABLE)):
             raise SandboxRefused(f"listing {args[0]!r}: outside the sandbox folder")

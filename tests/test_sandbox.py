@@ -23,8 +23,13 @@ def test_ordinary_code_runs_and_writes_only_its_own_folder():
     ("open('/tmp/smolforge-escape.txt', 'w').write('x')", "refused", "outside the sandbox folder"),
     ("import os; print(os.listdir('/'))", "refused", "listing '/': outside the sandbox folder"),
     ("import os\nwhile True:\n    os.fork()", "refused", "os.fork: not allowed"),
-    ("import subprocess; subprocess.run(['sh', '-c', 'echo hi'])", "refused", "subprocess.Popen: not allowed"),
-    ("import ctypes; ctypes.CDLL(None).fork()", "refused", "ctypes.dlopen: not allowed"),
+    ("import subprocess; subprocess.run(['sh', '-c', 'echo hi'])", "refused", "import _posixsubprocess: not allowed"),
+    ("import _posixsubprocess", "refused", "import _posixsubprocess: not allowed"),   # its fork_exec has no audit event
+    ("import os; os.system('id')", "refused", "os.system: not allowed"),
+    ("import ctypes; ctypes.CDLL(None).fork()", "refused", "import ctypes: not allowed"),
+    ("import os; os.remove('/tmp/smolforge-someone-elses-file')", "refused", "os.remove '/tmp/smolforge-someone-elses-file'"),
+    ("import shutil; shutil.rmtree('/tmp')", "refused", "shutil.rmtree '/tmp': outside the sandbox folder"),
+    ("import os; os.rename('tool.py', '/tmp/moved.py')", "refused", "os.rename '/tmp/moved.py'"),
     ("x = bytearray(4 * 1024**3)", "memory_limit", "MemoryError"),
 ])
 def test_a_hostile_call_is_refused(code, outcome, says):
@@ -72,3 +77,5 @@ def test_the_tools_answer_the_model_with_text_even_when_it_errs():
     assert calculator("open('x')").startswith("error: only numbers")
     assert python_tool("print(2**100)") == "1267650600228229401496703205376\n"
     assert python_tool("import os; os.system('id')").startswith("error (refused): SandboxRefused: os.system")
+    assert python_tool("import os\nos.mkdir('scratch')\nos.rename('scratch', 'kept')\nprint(sorted(os.listdir('.')))") == \
+        "['kept', 'tool.py']\n"                           # inside its own folder, anything goes
