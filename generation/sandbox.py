@@ -13,8 +13,9 @@ A tool-using policy (GRPO with a Python tool, a ``tools`` eval) hands code it wr
   ``os.system``, ``exec``, ``posix_spawn``, and importing ``_posixsubprocess``, whose ``fork_exec``
   raises no audit event) and native calls (``ctypes``);
 - limits: CPU seconds (``RLIMIT_CPU``), address space (``RLIMIT_AS``), output (stdout and stderr go to
-  files capped by ``RLIMIT_FSIZE``: a huge print is cut off there) and a wall-clock timeout after which the
-  whole process group is killed.
+  files capped by ``RLIMIT_FSIZE``: a huge print is cut off there; the cap holds for every file the code
+  writes) and a wall-clock timeout after which the whole process group is killed;
+- no native code of its own: a module it writes loads only as Python source.
 
 The result says what happened: ``ok``, ``error`` (the code raised; its traceback's last line is kept),
 ``refused`` (the sandbox said no), ``cpu_limit``, ``memory_limit``, ``output_limit`` or ``timeout``.
@@ -77,6 +78,9 @@ def hook(event, args):
         return
     if event == "import" and args and args[0] in MODULES:
         raise SandboxRefused(f"import {args[0]}: not allowed in the sandbox")
+    if event == "import" and len(args) > 1 and args[1] and inside(args[1], (ROOT,)) \
+            and not str(args[1]).endswith(".py"):   # native code written here would run without this hook
+        raise SandboxRefused(f"import {args[0]} from {args[1]!r}: only Python source loads from the sandbox folder")
     if event in ("os.listdir", "os.scandir") and args and args[0] not in (None, ".", b"."):
         if not (inside(args[0], (ROOT,)) or inside(args[0], READABLE)):
             raise SandboxRefused(f"listing {args[0]!r}: outside the sandbox folder")

@@ -37,6 +37,22 @@ def test_a_hostile_call_is_refused(code, outcome, says):
     assert result.outcome == outcome and says in result.stderr, result
 
 
+def test_native_code_written_into_the_folder_does_not_load_but_python_source_does():
+    """A copy of one of Python's own extension modules, written into the folder under a new name, would run
+    native code without the audit hook: refused. A module of Python source written there imports."""
+    code = ("import _json, importlib.machinery, sys\n"
+            "suffix = importlib.machinery.EXTENSION_SUFFIXES[0]\n"
+            "open('evil' + suffix, 'wb').write(open(_json.__file__, 'rb').read())\n"
+            "open('helper.py', 'w').write('ANSWER = 42')\n"
+            "sys.path.insert(0, '.')\n"
+            "import helper\n"
+            "print(helper.ANSWER, flush=True)\n"
+            "import evil\n")
+    result = run_python(code, output_bytes=4 * 2**20)      # RLIMIT_FSIZE caps every file the code writes
+    assert result.outcome == "refused" and result.stdout == "42\n"
+    assert "import evil from" in result.stderr and "only Python source loads" in result.stderr
+
+
 def test_a_socket_reaches_nothing_even_a_server_listening_on_this_machine():
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
