@@ -144,8 +144,11 @@ class ParityWatch:
         if not self.history:
             return {}
         gaps = [h["parity/logprob_gap_mean"] for h in self.history]
-        return {"parity/logprob_gap_mean_last": round(gaps[-1], 6), "parity/logprob_gap_mean_worst": round(max(gaps), 6),
-                "parity/logprob_gap_p99_worst": round(max(h["parity/logprob_gap_p99"] for h in self.history), 6),
+        def figure(value: float) -> float:
+            return float(f"{value:.4g}")       # four significant figures: a gap of 1e-7 is not rounded to 0
+
+        return {"parity/logprob_gap_mean_last": figure(gaps[-1]), "parity/logprob_gap_mean_worst": figure(max(gaps)),
+                "parity/logprob_gap_p99_worst": figure(max(h["parity/logprob_gap_p99"] for h in self.history)),
                 "parity/steps_measured": len(gaps),
                 "parity/steps_over_max_gap": sum(g > self.spec.max_gap for g in gaps)}
 

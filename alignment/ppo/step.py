@@ -232,7 +232,7 @@ def step(models: Models, spec: PPOSpec, rows: list[dict], reward_fns: list, kl_c
     losses = update(models, rollout, spec, generator)
     metrics = step_metrics(accelerator, rollout, scores, raw_advantages, losses, kl_ctl.value)
     kl_ctl.update(metrics["kl"], len(rows) * accelerator.num_processes)
-    metrics.update({key: round(value, 6) for key, value in parity.items()})
+    metrics.update({key: float(f"{value:.4g}") for key, value in parity.items()})   # gaps of 1e-7 stay readable
     metrics["generate_s"] = round(generated - started, 3)
     metrics["step_s"] = round(time.perf_counter() - started, 3)
     return metrics
