@@ -298,8 +298,9 @@ def validated_rows(paths: list[Path], schema: str, *, keep: bool) -> list:
     return rows
 
 
-def validate_inputs(stage: str, recipe, runs: Runs) -> None:
-    """The parent has a model and every data row is valid, before any run folder exists."""
+def validate_inputs(stage: str, recipe, runs: Runs) -> list:
+    """The parent has a model and every data row is valid, before any run folder exists; the rows,
+    kept for the run that follows."""
     from smolforge.data.schemas import resolve_data
 
     kind, schema = STAGE_DATA[stage]
@@ -307,7 +308,7 @@ def validate_inputs(stage: str, recipe, runs: Runs) -> None:
     check_profile(recipe.profile, recipe.trainer.max_steps)
     model_parent(runs, recipe.parent)
     paths, _ = resolve_data(recipe.data, runs, kind)
-    validated_rows(paths, schema, keep=True)
+    return validated_rows(paths, schema, keep=True)
 
 
 def load_inputs(stage: str, recipe, runs: Runs) -> tuple[Run, Run | None, list[Path], list]:

@@ -29,7 +29,7 @@ from smolforge.errors import DataError, RecipeError
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
-from .common import (TrackingSpec, load_frozen, load_inputs, load_trainable, quiet_tracking, train_from_parent,
+from .common import (TrackingSpec, load_frozen, load_trainable, quiet_tracking, train_from_parent,
                      trainer_defaults, validate_inputs)
 from .dpo import check_beta_positive, final_metrics
 
@@ -87,8 +87,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     check_beta_positive(recipe.trainer.beta)
     if recipe.trainer.loss_type not in LOSSES:
         raise RecipeError(f"trainer.loss_type must be one of {', '.join(LOSSES)}, got {recipe.trainer.loss_type!r}")
-    validate_inputs("kto", recipe, runs)
-    check_feedback(load_inputs("kto", recipe, runs)[3], recipe.trainer)
+    check_feedback(validate_inputs("kto", recipe, runs), recipe.trainer)
 
 
 def trainer_factory(recipe: Recipe):

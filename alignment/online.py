@@ -101,19 +101,11 @@ def reward_functions(names: list, runs: Runs) -> list[Callable]:
 
 
 def recipe_weights(recipe) -> list[float] | None:
-    """The weights of the recipe's rewards: given beside each reward (``{reward: …, weight: …}``) or as
-    ``trainer.reward_weights`` (TRL's field), not both at odds; None: every reward counts once."""
-    from .rewards import reward_weights
+    """The weights of the recipe's rewards: beside each reward (``{reward: …, weight: …}``) or as
+    ``trainer.reward_weights`` (TRL's field) (:func:`~smolforge.alignment.rewards.merged_weights`)."""
+    from .rewards import merged_weights
 
-    inline = reward_weights(recipe.rewards)
-    given = getattr(recipe.trainer, "reward_weights", None)
-    if inline is not None and given is not None and [float(w) for w in given] != inline:
-        raise RecipeError(f"rewards: weights {inline} beside the rewards and trainer.reward_weights {list(given)} "
-                          "disagree; give them in one place")
-    weights = inline if inline is not None else given
-    if weights is not None and len(weights) != len(recipe.rewards):
-        raise RecipeError(f"trainer.reward_weights lists {len(weights)} weights for {len(recipe.rewards)} rewards")
-    return None if weights is None else [float(w) for w in weights]
+    return merged_weights(recipe.rewards, getattr(recipe.trainer, "reward_weights", None), "trainer.reward_weights")
 
 
 def reward_figures(log_history: list[dict], names: list[str], before: list[dict], after: list[dict]) -> dict:

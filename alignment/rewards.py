@@ -33,7 +33,7 @@ from smolforge.errors import DataError, RecipeError, RunError
 from smolforge.generation.verifiers import answer_match, arith_verifier, completion_text, math_match, prompt_text
 from smolforge.runs import RunLayout, Runs
 
-__all__ = ["BUILTINS", "OverlongPenalty", "split_weight", "reward_weights", "answer_match", "arith_verifier", "math_match", "resolve", "checked", "RewardModelScorer",
+__all__ = ["BUILTINS", "OverlongPenalty", "split_weight", "reward_weights", "merged_weights", "answer_match", "arith_verifier", "math_match", "resolve", "checked", "RewardModelScorer",
            "score_pairs", "mean_reward", "completion_text", "prompt_text"]
 
 RewardFn = Callable[..., list]
@@ -150,6 +150,30 @@ def reward_weights(specs: Sequence) -> list[float] | None:
     """
     weights = [split_weight(spec)[1] for spec in specs]
     return None if all(w is None for w in weights) else [1.0 if w is None else w for w in weights]
+
+
+def merged_weights(specs: Sequence, given: Any, field: str) -> list[float] | None:
+    """One weight per reward: those beside the rewards (:func:`reward_weights`) or ``given`` (the recipe's
+    ``field``, a list of numbers), which must agree where both are set; None: every reward counts once.
+
+    >>> merged_weights([{"reward": "answer_match", "weight": 2}], None, "trainer.reward_weights")
+    [2.0]
+    >>> merged_weights(["answer_match"], [1.0, 2.0], "trainer.reward_weights")
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: trainer.reward_weights lists 2 weights for 1 rewards; give one weight per reward
+    """
+    if given is not None and (not isinstance(given, (list, tuple)) or not all(
+            isinstance(w, Real) and not isinstance(w, bool) and math.isfinite(w) for w in given)):
+        raise RecipeError(f"{field} must be a list of numbers, one per reward, got {given!r}")
+    inline = reward_weights(specs)
+    if inline is not None and given is not None and [float(w) for w in given] != inline:
+        raise RecipeError(f"rewards: weights {inline} beside the rewards and {field} {list(given)} disagree; "
+                          "give them in one place")
+    weights = inline if inline is not None else given
+    if weights is not None and len(weights) != len(specs):
+        raise RecipeError(f"{field} lists {len(weights)} weights for {len(specs)} rewards; give one weight per reward")
+    return None if weights is None else [float(w) for w in weights]
 
 
 # --------------------------------------------------------------------------- naming rewards

@@ -148,19 +148,9 @@ def _check_numbers(recipe: Recipe) -> None:
     need(recipe.eval_max_new_tokens >= 1, f"eval_max_new_tokens must be >= 1, got {recipe.eval_max_new_tokens}")
     need(isinstance(recipe.rewards, list) and bool(recipe.rewards),
          "rewards: name at least one reward function (e.g. [answer_match]) or run:<reward run>")
-    from ..rewards import reward_weights
+    from ..rewards import merged_weights
 
-    inline = reward_weights(recipe.rewards) if isinstance(recipe.rewards, list) else None
-    need(inline is None or recipe.reward_weights is None or [float(w) for w in recipe.reward_weights] == inline,
-         f"rewards: weights {inline} beside the rewards and reward_weights {recipe.reward_weights} disagree; "
-         "give them in one place")
-    if inline is not None:
-        recipe.reward_weights = inline
-    if recipe.reward_weights is not None:
-        need(isinstance(recipe.reward_weights, list) and len(recipe.reward_weights) == len(recipe.rewards),
-             f"reward_weights must list one weight per reward ({len(recipe.rewards)}), got {recipe.reward_weights!r}")
-        need(all(isinstance(w, (int, float)) and not isinstance(w, bool) and math.isfinite(w)
-                 for w in recipe.reward_weights), f"reward_weights must be numbers, got {recipe.reward_weights!r}")
+    merged_weights(recipe.rewards, recipe.reward_weights, "reward_weights")   # given beside the rewards, or here
 
 
 def deepspeed_config(spec: PPOSpec) -> dict:
@@ -219,11 +209,10 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
 
     from .models import build_models, gathered_policy
 
-    from ..rewards import reward_weights
+    from ..rewards import merged_weights
 
     spec = recipe.ppo
-    if recipe.reward_weights is None:
-        recipe.reward_weights = reward_weights(recipe.rewards)   # weights given beside the rewards
+    recipe.reward_weights = merged_weights(recipe.rewards, recipe.reward_weights, "reward_weights")
     accelerator = make_accelerator(spec)
     main = accelerator.is_main_process
     parent = model_parent(runs, recipe.parent)
