@@ -6,6 +6,7 @@
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -259,10 +260,27 @@ def trained_dtypes(model, optimizer) -> dict:
     return {"train/weight_dtype": names(weights), "train/master_dtype": names(masters)}
 
 
-# What each TRL stage reads: the data kind (file name in a data run) and the row schema.
+# What each TRL stage reads: the data kind (file name in a data run; of several, the first the run has)
+# and the row schema. KTO reads a data run's unpaired feedback, else its pairs (two feedback rows each).
 STAGE_DATA = {"sft": ("sft", "chat"), "dpo": ("prefs", "preference"), "orpo": ("prefs", "preference"),
-              "reward": ("prefs", "preference"), "kto": ("prefs", "feedback"),
+              "reward": ("prefs", "preference"), "kto": (("feedback", "prefs"), "feedback"),
               "cpo": ("prefs", "preference")}
+
+
+def read_kind(stage: str, data_run: Run | None, paths: list[Path]) -> str:
+    """The kind a stage read: its one kind, or the one whose shards ``paths`` are (a file: the first).
+
+    >>> read_kind("dpo", None, []), read_kind("kto", None, [Path("feedback.jsonl")])
+    ('prefs', 'feedback')
+    """
+    from smolforge.data.shards import kind_files
+
+    kinds = STAGE_DATA[stage][0]
+    if isinstance(kinds, str):
+        return kinds
+    if data_run is None:
+        return kinds[0]
+    return next(kind for kind in kinds if kind_files(data_run.path, kind) == paths)
 
 
 # The rows validate_inputs read, handed to the run that follows it in the same process (the data is
@@ -357,8 +375,11 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
 
     from .ranks import check_exportable, save_trained, start_run, stop_on_request
 
-    kind = STAGE_DATA[stage][0]
     parent, data_run, paths, rows = load_inputs(stage, recipe, runs)
+    kind = read_kind(stage, data_run, paths)
+    if data_run is not None and not isinstance(STAGE_DATA[stage][0], str):
+        print(f"{stage}: reading data/{kind}/ of data run {data_run.name} ({len(rows)} rows)", file=sys.stderr,
+              flush=True)
     parents = [parent] + ([data_run] if data_run else [])
     parents += [extra for extra in extra_parents if extra.name not in {p.name for p in parents}]
     fingerprints = lineage_fingerprints(parents, {kind: paths})

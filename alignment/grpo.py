@@ -93,13 +93,14 @@ def check_loss(trainer: GRPOConfig) -> None:
 
 
 def check_tools(recipe: Recipe, runs: Runs) -> None:
-    """The recipe's tools exist, and the parent's chat template has a tool-call format TRL can parse
-    (SmolLM3's XML tools, Hermes/Qwen JSON, Llama …: ``trl.chat_template_utils.add_response_schema``)."""
+    """The recipe's tools exist, the prompts are conversations, and the parent's chat template renders
+    tools and has a tool-call format TRL can parse (the demo template's own ``response_template``;
+    SmolLM3's XML tools, Hermes/Qwen JSON, Llama …: ``trl.chat_template_utils.add_response_schema``)."""
     if not recipe.tools:
         return
     import copy
 
-    from trl.chat_template_utils import add_response_schema
+    from trl.chat_template_utils import add_response_schema, supports_tool_calling
 
     from smolforge.generation.tools import resolve_tools
 
@@ -107,6 +108,9 @@ def check_tools(recipe: Recipe, runs: Runs) -> None:
 
     resolve_tools(recipe.tools)
     tokenizer = load_tokenizer(model_parent(runs, recipe.parent).model_dir)
+    if not supports_tool_calling(tokenizer):
+        raise RecipeError(f"tools: the parent '{recipe.parent}' has a chat template that does not render tool "
+                          "calls and tool answers; use a model with a tool-calling template or drop tools:")
     if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
         try:
             add_response_schema(copy.deepcopy(tokenizer))

@@ -4,11 +4,13 @@
     smolforge kto --config recipes/demo/kto.yaml --set data=feedback.jsonl --set trainer.undesirable_weight=1.5
 
 KTO learns from single answers marked good or bad, the feedback a product collects (thumbs up or
-down), where DPO needs two answers to one prompt ranked. ``data:`` is a ``.jsonl`` of
-``{"prompt", "completion", "label"}`` rows (``label`` true: desirable; the layout of
-``trl-lib/kto-mix-14k``, plain text or messages), or preference pairs (a data run's ``prefs`` or a
-``.jsonl`` of pairs), each of which becomes two rows: its chosen answer desirable, its rejected one
-not. Rows are checked before a run exists (:mod:`smolforge.data.schemas`, schema ``feedback``).
+down), where DPO needs two answers to one prompt ranked. ``data:`` is a data run or a ``.jsonl``. A
+data run gives its ``feedback`` kind when it has one (``sources: {feedback: ...}`` in the data recipe:
+``{"prompt", "completion", "label"}`` rows, ``label`` true: desirable; the layout of
+``trl-lib/kto-mix-14k``, plain text or messages), else its ``prefs``; the stage says which on stderr
+and records it in ``run.json``'s ``data_fingerprints``. A ``.jsonl`` holds feedback rows or preference
+pairs. Each pair becomes two rows: its chosen answer desirable, its rejected one not. Rows are checked
+before a run exists (:mod:`smolforge.data.schemas`, schema ``feedback``).
 
 The loss (the KTO paper's eq. 7, TRL's ``loss_type: kto``) with r = log π/π_ref and z₀ the batch's
 KL estimate (from mismatched prompt/answer pairs, clamped at 0):
@@ -17,6 +19,10 @@ over the batch. ``trainer.desirable_weight`` (λ_D) and ``undesirable_weight`` (
 two kinds: the paper keeps λ_D·n_D / (λ_U·n_U) in [1, 4/3]; a run outside that range is logged with
 the weights that would bring it back. tests/test_dpo_family.py checks TRL's logged loss against the
 formula on the rewards and KL it logged.
+
+``packing: true`` runs each forward's sequences (the batch's prompt+answer rows, and the mismatched
+rows of the KL estimate) as one document-masked row without padding, as DPO's packing does
+(:mod:`smolforge.alignment.packed_preference`): the same losses, rewards and KL.
 """
 from __future__ import annotations
 
@@ -49,10 +55,12 @@ def defaults() -> dict:
 class Recipe:
     name: str = "kto-demo"            # run name
     parent: str = "sft-demo"          # run whose model/ is the policy; its frozen copy is the reference
-    data: str = "data-demo"           # data run (its prefs, unpaired) or a .jsonl of feedback rows or of pairs
+    data: str = "data-demo"           # data run (its feedback, else its prefs unpaired) or a .jsonl of feedback rows or pairs
     trainer: KTOConfig = field(default_factory=lambda: KTOConfig(**defaults()["trainer"]))  # any trl.KTOConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    packing: bool = False             # each forward's sequences as one document-masked row, no padding
+                                      #   (smolforge.alignment.packed_preference; the same loss, less padding)
 
 
 def balance(rows: list[dict], desirable_weight: float, undesirable_weight: float) -> float:
@@ -96,8 +104,16 @@ def trainer_factory(recipe: Recipe):
     from trl import KTOTrainer
 
     def make_trainer(model_dir, dataset, tokenizer, callbacks):
-        return KTOTrainer(model=load_trainable(model_dir), ref_model=load_frozen(model_dir, bf16=recipe.trainer.bf16),
-                          args=recipe.trainer, train_dataset=dataset, processing_class=tokenizer, callbacks=callbacks)
+        trainer = KTOTrainer(model=load_trainable(model_dir), ref_model=load_frozen(model_dir, bf16=recipe.trainer.bf16),
+                             args=recipe.trainer, train_dataset=dataset, processing_class=tokenizer,
+                             callbacks=callbacks)
+        if recipe.packing:   # KTO's forwards (answers, KL rows, reference) go through TRL's fused LM head as DPO's
+            from .packed_preference import add_packed_forward
+
+            add_packed_forward(trainer.model)
+            if trainer.ref_model is not None:
+                add_packed_forward(trainer.ref_model)
+        return trainer
 
     return make_trainer
 

@@ -340,7 +340,8 @@ class RewardModelScorer:
 
 def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[RewardFn | str] | RewardFn,
                 max_new_tokens: int = 32, batch_size: int = 32, runs: Runs | None = None,
-                weights: Sequence[float] | None = None) -> tuple[float, list[dict]]:
+                weights: Sequence[float] | None = None, tools: Sequence | None = None,
+                max_tool_iterations: int = 2) -> tuple[float, list[dict]]:
     """Greedy completions for held-out prompt rows, scored: ``(mean summed reward, per-row details)``;
     the sum weighted by ``weights`` (one per reward) when given, as the trainer weighs them.
 
@@ -349,7 +350,10 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
     :class:`~smolforge.generation.hf.HFSampler` (batched, left-padded, chat template for
     conversational prompts, stopping at the model's end tokens). A reward of None (not applicable) adds nothing to a row's total. Each detail is
     ``{"prompt", "completion", "rewards": {name: value}, "total"}`` plus the row's other columns.
-    A reward named ``run:<name>`` is found in ``runs``.
+    A reward named ``run:<name>`` is found in ``runs``. With ``tools`` (names or schemas), each prompt is
+    answered through :func:`~smolforge.generation.tool_loop.answer_with_tools` (the calls run, their
+    answers read back, ``max_tool_iterations`` rounds at most) and scored on the whole transcript, as TRL
+    scores a tool-using rollout; each detail then counts ``tool_calls`` and ``valid_tool_calls``.
     """
     from smolforge.generation.hf import HFSampler
 
@@ -362,14 +366,25 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
     if not rows:
         return 0.0, []
     conversational = isinstance(rows[0]["prompt"], (list, tuple))
-    sampler = HFSampler(model, tokenizer, batch_size=batch_size)
-    samples = sampler.sample([r["prompt"] for r in rows], max_new_tokens=max_new_tokens, temperature=0.0)
-    outputs = [sample.text.strip() for sample in samples]
-
     prompts = [r["prompt"] for r in rows]
-    completions = [[{"role": "assistant", "content": t}] for t in outputs] if conversational else outputs
     columns = {k: [r.get(k) for r in rows] for k in rows[0] if k != "prompt"}
-    columns["completion_ids"] = [sample.token_ids for sample in samples]    # as TRL passes them
+    transcripts = None
+    if tools:
+        from smolforge.generation.tool_loop import answer_with_tools
+
+        if not conversational:
+            raise RecipeError("tools need conversational prompts (a list of messages); set chat_prompts: true")
+        transcripts = answer_with_tools(model, tokenizer, prompts, tools, max_new_tokens=max_new_tokens,
+                                        max_iterations=max_tool_iterations, batch_size=batch_size)
+        completions = [t.messages for t in transcripts]
+        outputs = [completion_text(t.messages).strip() for t in transcripts]
+        columns["completion_ids"] = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in outputs]
+    else:
+        sampler = HFSampler(model, tokenizer, batch_size=batch_size)
+        samples = sampler.sample(prompts, max_new_tokens=max_new_tokens, temperature=0.0)
+        outputs = [sample.text.strip() for sample in samples]
+        completions = [[{"role": "assistant", "content": t}] for t in outputs] if conversational else outputs
+        columns["completion_ids"] = [sample.token_ids for sample in samples]    # as TRL passes them
     scores = {fn.__name__: fn(prompts, completions, **columns) for fn in fns}
     details = []
     for i, row in enumerate(rows):
@@ -378,4 +393,6 @@ def mean_reward(model, tokenizer, rows: Sequence[dict], reward_fns: Sequence[Rew
         total = sum(v * factors.get(name, 1.0) for name, v in rewards.items() if v is not None)
         details.append({**{k: v for k, v in row.items() if k != "prompt"}, "prompt": prompt_text(row["prompt"]),
                         "completion": outputs[i], "rewards": rewards, "total": total})
+        if transcripts is not None:
+            details[-1].update(tool_calls=transcripts[i].calls, valid_tool_calls=transcripts[i].valid_calls)
     return sum(d["total"] for d in details) / len(details), details

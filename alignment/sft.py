@@ -24,6 +24,7 @@ advises:
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -235,6 +236,32 @@ def trainer_factory(recipe: Recipe, attn_implementation: str | None = None):
     return make_trainer
 
 
+def with_tool_schemas(rows: list) -> list:
+    """Rows whose ``tools`` name tools (``["calculator"]``, the world's tool conversations) or carry
+    schemas get their JSON schemas as one JSON string (TRL's SFT renders them into the prompt); every
+    row gets the column once one has it (a dataset's columns come from its first row).
+
+    >>> rows = with_tool_schemas([{"messages": []}, {"messages": [], "tools": ["calculator"]}])
+    >>> rows[0]["tools"], json.loads(rows[1]["tools"])[0]["function"]["name"]
+    (None, 'calculator')
+    """
+    if not any(row.get("tools") for row in rows):
+        return rows
+    from smolforge.generation.tool_loop import tool_schemas
+
+    rendered: dict[str, str] = {}
+    out = []
+    for row in rows:
+        tools = row.get("tools")
+        if tools:
+            key = json.dumps(tools, sort_keys=True)
+            if key not in rendered:
+                rendered[key] = json.dumps(tool_schemas(tools if isinstance(tools, list) else [tools]))
+            tools = rendered[key]
+        out.append({**row, "tools": tools or None})
+    return out
+
+
 def prepare_rows(recipe: Recipe):
     """``prepare(rows, tokenizer)`` for :func:`train_from_parent`: the recipe's chat template on the
     tokenizer, and, where smolforge derives the masks, every conversation pre-tokenized with its
@@ -246,8 +273,13 @@ def prepare_rows(recipe: Recipe):
     def prepare(rows: list, tokenizer) -> list:
         if recipe.chat_template:
             tokenizer.chat_template = recipe.chat_template
+        rows = with_tool_schemas(rows)
         if not derives_masks(recipe, tokenizer):
             return rows
+        if any(row.get("tools") for row in rows):
+            raise RecipeError("rows with tools need a chat template with {% generation %} markers (TRL renders the "
+                              "tools into the prompt); this template has none, so smolforge would derive the "
+                              "assistant masks without them")
         tokenized, fraction = tokenize_rows(tokenizer, rows)
         log.info("sft: the chat template has no {%% generation %%} markers; assistant tokens derived from the "
                  "rendered conversations (%d rows, %.1f %% of tokens trained on)", len(rows), 100 * fraction)

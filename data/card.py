@@ -22,7 +22,7 @@ from .packed_store import PackedWriter
 from .shards import files_fingerprint, kind_files, read_files
 from .tokenizer import DOC_SEPARATOR
 
-KIND_NAMES = ("pretrain", "sft", "prefs", "prompts")
+KIND_NAMES = ("pretrain", "sft", "prefs", "prompts", "feedback")
 
 
 def write_bad_rows(path: Path, bad_rows: dict) -> None:
@@ -51,7 +51,8 @@ def _chat_ids(tokenizer, conversations: list) -> list[list[int]]:
 
 
 def count_tokens(run_path: Path, tokenizer, kinds: tuple[str, ...] = KIND_NAMES, batch: int = 1000) -> dict[str, int]:
-    """Tokens per kind: pretraining text plus its separators, chat and pairs through the chat template."""
+    """Tokens per kind: pretraining text plus its separators; chat, pairs (both answers) and feedback
+    (prompt + completion) through the chat template."""
     totals = {}
     for kind in kinds:
         total, pending = 0, []
@@ -68,7 +69,8 @@ def count_tokens(run_path: Path, tokenizer, kinds: tuple[str, ...] = KIND_NAMES,
                 count = sum(len(_chat_ids(tokenizer, [r["prompt"]])[0]) if isinstance(r["prompt"], list) else
                             len(tokenizer(r["prompt"], add_special_tokens=False)["input_ids"]) for r in pending)
             else:
-                count = sum(map(len, _pair_ids(tokenizer, pending)))
+                answers = ("completion",) if kind == "feedback" else ("chosen", "rejected")
+                count = sum(map(len, _pair_ids(tokenizer, pending, answers)))
             pending.clear()
             return count
 
@@ -81,10 +83,10 @@ def count_tokens(run_path: Path, tokenizer, kinds: tuple[str, ...] = KIND_NAMES,
     return totals
 
 
-def _pair_ids(tokenizer, rows: list[dict]) -> list[list[int]]:
+def _pair_ids(tokenizer, rows: list[dict], answers: tuple[str, ...] = ("chosen", "rejected")) -> list[list[int]]:
     out = []
     for row in rows:
-        for key in ("chosen", "rejected"):
+        for key in answers:
             if isinstance(row["prompt"], list):
                 out += _chat_ids(tokenizer, [row["prompt"] + row[key]])
             else:
@@ -202,8 +204,9 @@ def summary_markdown(card: dict) -> str:
                         f"permutations, {d['bands']} bands x {d['rows']} rows: a pair is caught with 50 % "
                         f"probability at Jaccard {d['detection_50']} and 95 % at {d['detection_95']} "
                         f"({d['workers']} worker process(es)). Near-duplicate dedup runs on pretraining text; "
-                        "sft and prefs get exact dedup. \"After\" is re-measured on the output with a new MinHash seed: "
-                        "pairs near the threshold, caught by one seed and missed by another, show up there."]
+                        "the other kinds get exact dedup (feedback: text and label). \"After\" is re-measured on "
+                        "the output with a new MinHash seed: pairs near the threshold, caught by one seed and "
+                        "missed by another, show up there."]
         out += ["", "## Decontamination", ""]
         suites = card.get("decontamination_suites") or {}
         if suites:

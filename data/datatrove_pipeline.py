@@ -30,7 +30,8 @@ text (the same shingles as the inline path: a whitespace word tokenizer, so no s
 datatrove (xxhash64, its own permutations) into ``dedup.bands`` buckets of ``dedup.rows`` hashes.
 Exact duplicates fall out of the same pass (identical text, identical signatures); a document
 shorter than one shingle is one shingle of its whole text, as inline. Kinds other than pretraining
-text get exact dedup only: their one shingle is the kind plus the whole normalised text. A removed
+text get exact dedup only: their one shingle is the kind plus the whole normalised text (and a feedback
+row's label: the same answer marked good and marked bad keeps both rows). A removed
 row counts as ``exact`` when its normalised text equals that of a row that stayed, else ``near``.
 """
 from __future__ import annotations
@@ -274,14 +275,18 @@ class FirstKept(PipelineStep):
 
 
 class Digest(PipelineStep):
-    """Tags each row with a hash of its normalised text (to tell exact from near duplicates later)."""
+    """Tags each row with a hash of its normalised text (to tell exact from near duplicates later); a
+    feedback row's label is part of it (:func:`smolforge.data.prepare.dedup_text`), as inline."""
 
     name = "digest"
     type = "smolforge"
 
     def run(self, data, rank: int = 0, world_size: int = 1):
+        from .prepare import dedup_text
+
         for doc in data:
-            words = normalise(doc.text)
+            kind = doc.metadata.get("kind")
+            words = normalise(dedup_text(kind, doc.metadata["row"]) if kind == "feedback" else doc.text)
             doc.metadata["digest"] = hashlib.blake2b(words.encode(), digest_size=8).hexdigest()
             doc.metadata["_words"] = words  # not written (see _kept_adapter); Signature shingles these
             yield doc

@@ -36,6 +36,8 @@ def row_text(kind: str, row: dict) -> str:
 
     >>> row_text("prefs", {"prompt": [{"role": "user", "content": "Q?"}], "chosen": "A.", "rejected": "B."})
     'Q?\\nA.\\nB.'
+    >>> row_text("feedback", {"prompt": "Q?", "completion": [{"role": "assistant", "content": "A."}], "label": True})
+    'Q?\\nA.'
     """
     def flat(value) -> str:
         return value if isinstance(value, str) else "\n".join(m["content"] for m in value)
@@ -46,7 +48,20 @@ def row_text(kind: str, row: dict) -> str:
         return flat(row["messages"])
     if kind == "prompts":
         return "\n".join([flat(row["prompt"])] + ([row["answer"]] if row.get("answer") else []))
+    if kind == "feedback":
+        return "\n".join(flat(row[k]) for k in ("prompt", "completion"))
     return "\n".join(flat(row[k]) for k in ("prompt", "chosen", "rejected"))
+
+
+def dedup_text(kind: str, row: dict) -> str:
+    """What exact dedup compares: the row's text and, for feedback, its label too, so one answer marked
+    good by one user and bad by another keeps both rows (decontamination reads :func:`row_text`).
+
+    >>> dedup_text("feedback", {"prompt": "Q?", "completion": "A.", "label": False})
+    'Q?\\nA.\\nlabel false'
+    """
+    text = row_text(kind, row)
+    return f"{text}\nlabel {'true' if row['label'] else 'false'}" if kind == "feedback" else text
 
 
 @dataclass
@@ -156,7 +171,7 @@ def process_kind(kind: str, rows: Iterator[tuple[str, dict]], out_folder: Path, 
         for batch in _batches(rows, BATCH):
             rows_in += len(batch)
             bar.update(len(batch))
-            texts = [row_text(kind, r) for _, r in batch]
+            texts = [dedup_text(kind, r) for _, r in batch]
             started_work = work.submit(texts)
             if pending is not None:
                 absorb(pending[0], pending[1], *pending[2]())
@@ -201,7 +216,7 @@ def residual_duplicate_rate(kind: str, paths: list[Path], spec: DedupSpec) -> fl
     with Deduplicator(check) as dedup:
         for batch in _batches(read_files(paths), BATCH):
             total += len(batch)
-            dedup.add([row_text(kind, r) for _, r in batch])
+            dedup.add([dedup_text(kind, r) for _, r in batch])
         found = dedup.report.exact_removed + dedup.report.near_removed
     return _rate(found, total)
 

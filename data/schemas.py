@@ -38,7 +38,7 @@ from .shapes import AUTO, normalize
 
 SCHEMAS = {"text": ("text",), "chat": ("messages",), "preference": ("prompt", "chosen", "rejected"),
            "prompt": ("prompt",), "feedback": ("prompt", "completion", "label")}
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
 
 
 def _check_messages(where: str, field: str, value, need_assistant: bool) -> None:
@@ -49,8 +49,33 @@ def _check_messages(where: str, field: str, value, need_assistant: bool) -> None
             raise DataError(f"{where}: field '{field}[{i}]' must be an object with a string 'content'")
         if message.get("role") not in ROLES:
             raise DataError(f"{where}: field '{field}[{i}].role' is {message.get('role')!r} (expected one of {', '.join(ROLES)})")
+        if message.get("tool_calls") is not None:
+            _check_tool_calls(where, f"{field}[{i}].tool_calls", message)
     if need_assistant and not any(m["role"] == "assistant" for m in value):
         raise DataError(f"{where}: field '{field}' has no assistant turn to train on")
+
+
+def _check_tool_calls(where: str, field: str, message: dict) -> None:
+    """An assistant message's ``tool_calls`` in the OpenAI layout: ``[{"type": "function", "function":
+    {"name": str, "arguments": {...} or a JSON string}}]`` (a bare ``{"name", "arguments"}`` too).
+
+    >>> _check_tool_calls("f.jsonl line 3", "messages[1].tool_calls", {"role": "assistant", "tool_calls": [
+    ...     {"type": "function", "function": {"name": "calculator", "arguments": 5}}]})
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.DataError: f.jsonl line 3: field 'messages[1].tool_calls[0].function.arguments' must be an object or a JSON string, found int
+    """
+    calls = message["tool_calls"]
+    if message.get("role") != "assistant" or not isinstance(calls, list):
+        raise DataError(f"{where}: field '{field}' must be a list on an assistant message")
+    for j, call in enumerate(calls):
+        function = call.get("function", call) if isinstance(call, dict) else None
+        path = f"{field}[{j}]" + (".function" if isinstance(call, dict) and "function" in call else "")
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str) or not function["name"]:
+            raise DataError(f"{where}: field '{path}.name' must be the tool's name (a non-empty string)")
+        if not isinstance(function.get("arguments"), (dict, str)):
+            raise DataError(f"{where}: field '{path}.arguments' must be an object or a JSON string, "
+                            f"found {type(function.get('arguments')).__name__}")
 
 
 def _check_answer(where: str, field: str, messages: list) -> None:
@@ -117,7 +142,7 @@ def load_rows(path: str | Path, schema: str, shape: str = AUTO) -> list[dict]:
     rows = []
     for line_no, row in read_jsonl(path):
         where = f"{path} line {line_no}"
-        if schema == "feedback" and "label" not in row:      # a pair: two pieces of feedback
+        if schema == "feedback" and not {"label", "completion"} & set(row):   # a pair: two pieces of feedback
             pair = normalize(row, "preference", where, shape)
             validate_row(pair, "preference", where)
             rows += [{"prompt": pair["prompt"], "completion": pair[side], "label": side == "chosen"}
@@ -139,11 +164,11 @@ def load_many(paths: list[Path], schema: str, shape: str = AUTO) -> list[dict]:
     return rows
 
 
-def resolve_data(ref: str, runs, kind: str) -> tuple[list[Path], "object | None"]:
+def resolve_data(ref: str, runs, kind: str | tuple[str, ...]) -> tuple[list[Path], "object | None"]:
     """A stage's ``data:`` value → (JSONL files, data run or None).
 
     ``ref`` is a ``.jsonl`` file, or the name/path of a data run whose ``data/<kind>/`` shards
-    are used.
+    are used; with several kinds, the first the run has shards of (KTO: ``feedback``, else ``prefs``).
     """
     from .shards import kind_files
 
@@ -153,7 +178,10 @@ def resolve_data(ref: str, runs, kind: str) -> tuple[list[Path], "object | None"
             raise DataError(f"{ref}: file not found")
         return [path], None
     run = runs.get(ref)
-    paths = kind_files(run.path, kind)
-    if not paths:
-        raise DataError(f"run '{run.name}' has no data/{kind}/ shards (is it a data run? its stage is {run.stage})")
-    return paths, run
+    kinds = (kind,) if isinstance(kind, str) else tuple(kind)
+    for each in kinds:
+        paths = kind_files(run.path, each)
+        if paths:
+            return paths, run
+    folders = " nor ".join(f"data/{each}/" for each in kinds)
+    raise DataError(f"run '{run.name}' has no {folders} shards (is it a data run? its stage is {run.stage})")

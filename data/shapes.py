@@ -1,7 +1,8 @@
 """Public dataset shapes, as published, turned into smolforge's rows.
 
-The stages read three row shapes (:mod:`smolforge.data.schemas`): ``chat`` (``{"messages"}``),
-``preference`` (``{"prompt", "chosen", "rejected"}``) and ``prompt`` (``{"prompt", "answer"?}``).
+The stages read four row shapes (:mod:`smolforge.data.schemas`): ``chat`` (``{"messages"}``),
+``preference`` (``{"prompt", "chosen", "rejected"}``), ``prompt`` (``{"prompt", "answer"?}``) and
+``feedback`` (``{"prompt", "completion", "label"}``).
 Public datasets publish others. Each named shape here turns one row of its layout into a
 smolforge row, or raises a DataError naming the file and row, the field, and the layout expected.
 A source names one with ``shape:`` (or ``format:``); ``auto``, the default, tells them apart by
@@ -40,7 +41,15 @@ Prompt rows (GRPO, RLOO, PPO; verifiers read ``answer``):
   OpenR1-Math. ``{"prompt": problem, "answer": ...}``: the row's own ``answer`` where it has one,
   else the last boxed content (nested braces kept).
 
-Aliases: ``smoltalk`` and ``tulu`` are ``messages``, ``openr1`` is ``reasoning``, ``hh-rlhf`` is ``hh``.
+Feedback rows (KTO; unpaired: one answer marked good or bad):
+
+- ``unpaired``: ``prompt``, ``completion`` (strings, or messages: the conversation so far and the
+  answer), ``label`` (a boolean, true = desirable): TRL unpaired preference, trl-lib/kto-mix-14k,
+  smolforge's own. The row as it is. Pairs are not split into feedback here: they go under
+  ``prefs``, which ``smolforge kto`` reads as two rows each when a data run has no feedback.
+
+Aliases: ``smoltalk`` and ``tulu`` are ``messages``, ``openr1`` is ``reasoning``, ``hh-rlhf`` is ``hh``,
+``kto`` and ``kto-mix`` are ``unpaired``.
 Pretraining text (``{"text"}``) has no other shape: map a column with ``columns: {text: ...}``.
 
 Columns a published shape does not read ride along when they hold a plain value (text, number,
@@ -61,6 +70,10 @@ into its loss, on a 1-10 scale no reward head starts on.
     Traceback (most recent call last):
     ...
     smolforge.errors.DataError: raw/p.jsonl line 3: a preference row needs prompt+chosen+rejected (TRL explicit), chosen+rejected conversations (TRL implicit), or HH-style strings with "\\n\\nHuman:" turns; found keys chosen, score
+    >>> kto_mix = {"prompt": [{"content": "Name a prime.", "role": "user"}],
+    ...            "completion": [{"content": "7", "role": "assistant"}], "label": True}
+    >>> normalize(kto_mix, "feedback", "kto.jsonl line 1") == kto_mix
+    True
 """
 from __future__ import annotations
 
@@ -80,7 +93,7 @@ AUTO = "auto"
 @dataclass(frozen=True)
 class Shape:
     name: str                                  # what shape: (or format:) names in a source
-    schema: str                                # the smolforge row it becomes: chat, preference or prompt
+    schema: str                                # the smolforge row it becomes: chat, preference, prompt or feedback
     keys: tuple[str, ...]                      # the columns that tell the layout apart (auto-detection)
     layout: str                                # how errors name the layout
     convert: Callable[[dict, str], dict]       # (row, where) -> smolforge row; DataError when it cannot
@@ -296,6 +309,10 @@ def _prompt(row: dict, where: str) -> dict:
     return row
 
 
+def _unpaired(row: dict, where: str) -> dict:
+    return row
+
+
 _THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
@@ -339,8 +356,11 @@ SHAPES: dict[str, Shape] = {shape.name: shape for shape in (
     Shape("prompt", "prompt", ("prompt",), "TRL prompt-only: prompt, optional answer", _prompt),
     Shape("gsm8k", "prompt", ("question", "answer"), "GSM8K: question, answer ending '#### 72'", _gsm8k),
     Shape("math", "prompt", ("problem", "solution"), "MATH: problem, solution with \\boxed{…}", _math),
+    Shape("unpaired", "feedback", ("prompt", "completion", "label"),
+          "TRL unpaired preference, trl-lib/kto-mix-14k: prompt, completion, label", _unpaired),
 )}
-ALIASES = {"smoltalk": "messages", "tulu": "messages", "openr1": "reasoning", "hh-rlhf": "hh"}
+ALIASES = {"smoltalk": "messages", "tulu": "messages", "openr1": "reasoning", "hh-rlhf": "hh",
+           "kto": "unpaired", "kto-mix": "unpaired"}
 NAMES = frozenset(SHAPES) | frozenset(ALIASES)     # disjoint from the file formats (sources.FORMATS)
 
 # What a row of each kind needs, for the error an unrecognised row gets.
@@ -349,6 +369,8 @@ _EXPECTED = {
     "preference": "prompt+chosen+rejected (TRL explicit), chosen+rejected conversations (TRL implicit), or "
                   "HH-style strings with \"\\n\\nHuman:\" turns",
     "prompt": "prompt (TRL prompt-only), question+answer (GSM8K) or problem+solution (MATH)",
+    "feedback": "prompt+completion+label (TRL unpaired preference, trl-lib/kto-mix-14k; label true for a desirable "
+                "answer)",
 }
 
 
@@ -428,11 +450,15 @@ def detect(row: dict, schema: str, where: str) -> Shape | None:
                      ["hh"] if strings and (_is_hh(chosen) or _is_hh(rejected)) else [])
         else:
             found = []
+    elif schema == "feedback":    # a completion or a label: the row means to be feedback, the schema names what is missing
+        found = ["unpaired"] if keys & {"completion", "label"} else []
     else:
         found = ["prompt"] if "prompt" in keys else fitting(keys, "prompt")
     if not found:      # chat and prompt rows always need smolforge's own field when no other layout fits
         lead = {"chat": "field 'messages' is missing: ", "prompt": "field 'prompt' is missing: "}.get(schema, "")
-        raise DataError(f"{where}: {lead}a {schema} row needs {_EXPECTED[schema]}; {_keys(row)}")
+        pairs = ("; preference pairs go under sources.prefs (smolforge kto reads a data run's prefs, two rows a "
+                 "pair, when it has no feedback)" if schema == "feedback" and {"chosen", "rejected"} & keys else "")
+        raise DataError(f"{where}: {lead}a {schema} row needs {_EXPECTED[schema]}; {_keys(row)}{pairs}")
     if len(found) > 1:
         fits = " and ".join(f"{n} ({'+'.join(SHAPES[n].keys)})" for n in found)
         raise DataError(f"{where}: the row fits several shapes, {fits}; name one with shape: on its source, or keep "
@@ -441,7 +467,7 @@ def detect(row: dict, schema: str, where: str) -> Shape | None:
 
 
 def normalize(row: dict, schema: str, where: str, shape: str = AUTO) -> dict:
-    """``row`` in smolforge's ``schema`` (chat, preference, prompt; text rows pass as they are), read
+    """``row`` in smolforge's ``schema`` (chat, preference, prompt, feedback; text rows pass as they are), read
     as the named ``shape`` or, with ``auto``, as the shape its keys tell (:func:`detect`).
 
     The result still goes through :func:`smolforge.data.schemas.validate_row`: a shape rearranges

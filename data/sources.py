@@ -1,7 +1,7 @@
 """Streaming readers for the data stage's sources: JSONL/JSON, Parquet, CSV, text folders, ``datasets``.
 
 Every reader yields ``(where, row)`` with ``row`` in one of the shapes of
-:mod:`smolforge.data.schemas` (``text``, ``chat``, ``preference``, ``prompt``), after column mapping, a
+:mod:`smolforge.data.schemas` (``text``, ``chat``, ``preference``, ``prompt``, ``feedback``), after column mapping, a
 public dataset's layout read into smolforge's (``shape:``, by default detected from the row's keys:
 :mod:`smolforge.data.shapes`), domain stamping and :func:`smolforge.data.schemas.validate_row`.
 ``where`` names the file and the row of every problem:
@@ -292,7 +292,8 @@ def _map_columns(row: dict, columns: dict[str, str], where: str) -> dict:
 
 
 def _decode_json_cells(row: dict, shape: str, where: str) -> None:
-    """CSV cells are strings: decode the JSON message lists a chat/preference row needs."""
+    """CSV cells are strings: decode the JSON message lists a chat/preference/feedback row needs (and a
+    feedback row's label, ``true`` or ``false``)."""
     if shape == "chat":
         value = row.get("messages")
         generations = row.get("generations")        # OpenR1-style reasoning rows
@@ -308,8 +309,9 @@ def _decode_json_cells(row: dict, shape: str, where: str) -> None:
                 raise DataError(f"{where}: field 'messages' is a string that is not valid JSON ({exc.msg} at "
                                 f"column {exc.colno}); a CSV cell holding messages must be a JSON list like "
                                 f'[{{"role": "user", "content": "..."}}]') from None
-    elif shape == "preference":
-        for name in SCHEMAS["preference"]:      # also an UltraFeedback or implicit row's conversations
+    elif shape in ("preference", "feedback"):
+        fields = SCHEMAS["preference"] if shape == "preference" else ("prompt", "completion")
+        for name in fields:                     # also an UltraFeedback or implicit row's conversations
             value = row.get(name)
             if isinstance(value, str) and value.lstrip().startswith("["):
                 try:
@@ -318,6 +320,9 @@ def _decode_json_cells(row: dict, shape: str, where: str) -> None:
                     continue                  # plain text that happens to start with '['
                 if isinstance(decoded, list):
                     row[name] = decoded
+        label = row.get("label")
+        if shape == "feedback" and isinstance(label, str) and label.strip().lower() in ("true", "false"):
+            row["label"] = label.strip().lower() == "true"       # a CSV cell holds the boolean as text
 
 
 def _check_fields(row: dict, shape: str, where: str) -> None:
@@ -334,6 +339,10 @@ def _check_fields(row: dict, shape: str, where: str) -> None:
         elif shape == "chat":
             if not isinstance(value, list):
                 raise DataError(f"{where}: field '{name}' must be a non-empty list of messages, found {_kind(value)}")
+        elif name == "label":
+            if not isinstance(value, bool):
+                shown = repr(value) if isinstance(value, (str, int, float)) and len(repr(value)) <= 40 else _kind(value)
+                raise DataError(f"{where}: field 'label' must be true (a desirable answer) or false, found {shown}")
         elif not isinstance(value, (str, list)):
             raise DataError(f"{where}: field '{name}' must be a non-empty string or a list of messages, "
                             f"found {_kind(value)}")

@@ -5,10 +5,11 @@
     smolforge data --config recipes/demo/data.yaml --set world.entities=20      # the same stage
 
 For each kind of data (``pretrain`` text, ``sft`` chat, ``prefs`` preference pairs, ``prompts``
-for online RL with the answers verifiers check) rows come
-from the recipe's ``sources:`` (JSONL, Parquet, CSV, text folders, `datasets` datasets; see
-:mod:`smolforge.data.sources`) or from the synthetic world of the embedded default: every kind when the
-recipe names no sources, else only the kinds ``world.kinds`` lists (the command says which; other kinds stay empty).
+for online RL with the answers verifiers check, ``feedback``: unpaired answers marked good or bad, for KTO)
+rows come from the recipe's ``sources:`` (JSONL, Parquet, CSV, text folders, `datasets` datasets; see
+:mod:`smolforge.data.sources`) or from the synthetic world of the embedded default: its default kinds
+(all but ``feedback``) when the recipe names no sources, else only the kinds ``world.kinds`` lists (the
+command says which; other kinds stay empty).
 Then, streaming:
 
 1. every row is validated (``on_error: fail`` stops at the first bad row naming file, row and
@@ -52,7 +53,12 @@ from .sources import BadRows, Source, iter_rows, source_formats, source_label, v
 from .safety import safety_conversations, safety_pairs
 from .synthetic import World, chat_text
 
-KINDS = {"pretrain": "text", "sft": "chat", "prefs": "preference", "prompts": "prompt"}
+KINDS = {"pretrain": "text", "sft": "chat", "prefs": "preference", "prompts": "prompt", "feedback": "feedback"}
+# What the world fills when a recipe names no sources and no world.kinds. Not feedback: the world's would be
+# its preference pairs again, one row an answer (what `smolforge kto` makes of prefs anyway), so every demo
+# run would dedup, decontaminate and count them twice, and `kto` on the demo would switch from its balanced
+# pairs to them. `world: {kinds: [..., feedback]}` asks for it (World.feedback: unbalanced, 2:1).
+WORLD_DEFAULT = ("pretrain", "sft", "prefs", "prompts")
 
 
 @dataclass
@@ -66,7 +72,9 @@ class WorldSpec:
     reasoning: bool = False        # dual-mode SFT: multi-step sums with /think traces and /no_think answers
     safety: bool = False           # harmful requests with refusals, edgy-but-benign ones with answers (SFT, and
                                    # half as many preference pairs again); the red-team suite stays held out
-    kinds: list | None = None      # kinds the world fills; unset: all of them when sources: is empty, else none
+    tools: bool = False            # tool use: three-digit sums through the calculator (SFT conversations with tool
+                                   # calls, RL prompts of kind "tool"); the `tools` eval suite holds its problems out
+    kinds: list | None = None      # kinds the world fills; unset: all but feedback when sources: is empty, else none
 
 
 @dataclass
@@ -264,19 +272,23 @@ def _venv_activate(venv: str | None) -> str | None:
 
 
 def world_kinds(recipe: Recipe, sources: dict[str, list[Source]]) -> list[str]:
-    """The kinds the synthetic world fills: ``world.kinds``, else every kind when the recipe names no
-    sources, else none (a recipe with real documents never gets toy-world rows by surprise).
+    """The kinds the synthetic world fills: ``world.kinds``, else its default kinds (:data:`WORLD_DEFAULT`:
+    every kind but ``feedback``) when the recipe names no sources, else none (a recipe with real
+    documents never gets toy-world rows by surprise). ``world.kinds`` is the whole list: feedback from
+    the world comes with the kinds named beside it.
 
     >>> world_kinds(Recipe(), {}), world_kinds(Recipe(sources={"pretrain": "docs/"}), {"pretrain": []})
     (['pretrain', 'sft', 'prefs', 'prompts'], [])
+    >>> world_kinds(Recipe(world=WorldSpec(kinds=["feedback", "pretrain", "sft", "prefs", "prompts"])), {})
+    ['pretrain', 'sft', 'prefs', 'prompts', 'feedback']
     >>> world_kinds(Recipe(world=WorldSpec(kinds=["sft", "prompt"])), {})
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: world.kinds: unknown kind 'prompt' (did you mean 'prompts'?); expected pretrain, sft, prefs, prompts
+    smolforge.errors.RecipeError: world.kinds: unknown kind 'prompt' (did you mean 'prompts'?); expected pretrain, sft, prefs, prompts, feedback
     """
     asked = recipe.world.kinds
     if asked is None:
-        return [] if sources else list(KINDS)
+        return [] if sources else list(WORLD_DEFAULT)
     if not isinstance(asked, list) or not all(isinstance(kind, str) for kind in asked):
         raise RecipeError(f"world.kinds: expected a list of kinds ({', '.join(KINDS)}), got {asked!r}")
     for kind in asked:
@@ -368,14 +380,19 @@ def _rows_of(kind: str, recipe: Recipe, sources: dict[str, list[Source]], bad: B
         return
     spec = recipe.world
     world = World.generate(seed=spec.seed, n_entities=spec.entities)
+
+    def pairs() -> list[dict]:
+        return (world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2)
+                + (safety_pairs(spec.preference_pairs // 2, seed=spec.seed + 6) if spec.safety else []))
+
     generated = {"pretrain": lambda: (world.pretrain_corpus(n_docs=spec.pretrain_docs, seed=spec.seed + 1)
                                       + world.long_documents(spec.long_docs, spec.long_doc_words, seed=spec.seed + 5)),
                  "sft": lambda: (world.sft_conversations(reasoning=spec.reasoning)
-                                 + (safety_conversations() if spec.safety else [])),
-                 "prefs": lambda: (world.preference_pairs(n_pairs=spec.preference_pairs, seed=spec.seed + 2)
-                                   + (safety_pairs(spec.preference_pairs // 2, seed=spec.seed + 6) if spec.safety
-                                      else [])),
-                 "prompts": world.rl_prompts}[kind]()
+                                 + (safety_conversations() if spec.safety else [])
+                                 + (world.tool_conversations() if spec.tools else [])),
+                 "prefs": pairs,
+                 "feedback": lambda: World.feedback(pairs()),
+                 "prompts": lambda: world.rl_prompts() + (world.tool_prompts() if spec.tools else [])}[kind]()
     labels.append({"source": f"synthetic world (seed {spec.seed}, {spec.entities} entities)",
                    "format": "synthetic", "rows": len(generated)})
     for i, row in enumerate(generated, start=1):
@@ -429,7 +446,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         if recipe.pack.enabled:  # tokenizes the pretraining text once, for the rows and the counts
             card["packed"] = cards.pack(run.path, tokenizer, recipe.pack.seq_len)
             domains = {d: {"documents": v["documents"]} for d, v in card["packed"]["domains"].items()}
-            counted = cards.count_tokens(run.path, tokenizer, kinds=("sft", "prefs", "prompts"))
+            counted = cards.count_tokens(run.path, tokenizer, kinds=("sft", "prefs", "prompts", "feedback"))
             card["tokens"] = {"pretrain": sum(v["tokens"] for v in card["packed"]["domains"].values()), **counted}
         else:
             domains = cards.domain_counts(run.path)

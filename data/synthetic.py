@@ -7,6 +7,7 @@ plus single-digit addition. From it come, deterministically for a seed:
 - SFT conversations (three phrasings per question, as the playbook asks);
 - preference pairs: a correct answer against a flawed one (wrong fact, a misread question, an
   evasion, a truncated answer);
+- unpaired feedback for KTO, when ``world.kinds`` asks for it: the pairs' answers marked good or bad;
 - evaluation tasks whose phrasings never occur in training, with known answers.
 
 Learning is measurable: a base model that memorised the corpus beats random on the
@@ -76,6 +77,14 @@ REASON_QUESTION = "What is {a} plus {b} plus {c} plus {d}?"
 REASON_TRACE = "<think>\n{a} plus {b} is {s}. {s} plus {c} is {u}. {u} plus {d} is {t}.\n</think>\n"
 REASON_ANSWER = "The answer is {t}."
 REASON_HELDOUT, REASON_TRAIN = 66, 700
+# Tool use: sums of two three-digit numbers, which the demo models cannot make in their heads, answered
+# through the calculator tool (generation/tools.py): the question, a call {"expression": "a + b"}, the
+# tool's answer, then the answer in words. Held out for the `tools` eval suite: the first 64 problems;
+# the next 600 train (SFT conversations and RL prompts, in three phrasings).
+TOOL_QUESTIONS = ("What is {a} plus {b}?", "Use the calculator to add {a} and {b}.", "Compute {a} + {b}.")
+TOOL_ANSWER = "The answer is {c}."
+TOOL_NAME = "calculator"
+TOOL_HELDOUT, TOOL_TRAIN = 64, 600
 # Long documents (long-context training): a ledger listed, then read back in another order (the
 # second half is predictable only from the first), or a pass key hidden in facts and asked at the end.
 LEDGER_RECORD = "Box {r} holds {k}."
@@ -167,6 +176,54 @@ class World:
                  "trace": REASON_TRACE.format(a=a, b=b, c=c, d=d, s=a + b, u=a + b + c, t=a + b + c + d)}
                 for a, b, c, d in chosen]
 
+    # ---- tool use: three-digit sums through the calculator --------------------------------
+    @staticmethod
+    def tool_problems(split: str = "train") -> list[dict]:
+        """Three-digit sums for the calculator: ``split`` "train" (600) or "heldout" (64, the tools suite).
+
+        >>> rows = World.tool_problems("heldout")
+        >>> len(rows), sorted(rows[0]), rows[0]["c"] == rows[0]["a"] + rows[0]["b"]
+        (64, ['a', 'b', 'c', 'question'], True)
+        >>> {(r["a"], r["b"]) for r in rows} & {(r["a"], r["b"]) for r in World.tool_problems("train")}
+        set()
+        """
+        rng = random.Random(11)
+        pairs = sorted({(rng.randint(100, 999), rng.randint(100, 999)) for _ in range(TOOL_HELDOUT + TOOL_TRAIN + 50)})
+        rng.shuffle(pairs)
+        chosen = pairs[:TOOL_HELDOUT] if split == "heldout" else pairs[TOOL_HELDOUT:TOOL_HELDOUT + TOOL_TRAIN]
+        return [{"a": a, "b": b, "c": a + b, "question": TOOL_QUESTIONS[i % len(TOOL_QUESTIONS)].format(a=a, b=b)}
+                for i, (a, b) in enumerate(chosen)]
+
+    @staticmethod
+    def tool_conversations() -> list[dict]:
+        """SFT rows for tool use: question, calculator call, the tool's answer, the answer in words;
+        ``tools`` names the tools the conversation may call (the SFT stage shows their schemas).
+
+        >>> row = World.tool_conversations()[0]
+        >>> [m["role"] for m in row["messages"]], row["tools"], row["messages"][1]["tool_calls"][0]["function"]["name"]
+        (['user', 'assistant', 'tool', 'assistant'], ['calculator'], 'calculator')
+        """
+        rows = []
+        for p in World.tool_problems("train"):
+            call = {"type": "function", "function": {"name": TOOL_NAME, "arguments": {"expression": f"{p['a']} + {p['b']}"}}}
+            rows.append({"messages": [{"role": "user", "content": p["question"]},
+                                      {"role": "assistant", "content": "", "tool_calls": [call]},
+                                      {"role": "tool", "name": TOOL_NAME, "content": str(p["c"])},
+                                      {"role": "assistant", "content": TOOL_ANSWER.format(c=p["c"])}],
+                         "tools": [TOOL_NAME]})
+        return rows
+
+    @staticmethod
+    def tool_prompts(split: str = "train") -> list[dict]:
+        """RL prompt rows of the tool task (``kind`` "tool"), the answer a verifier checks.
+
+        >>> row = World.tool_prompts()[0]
+        >>> row["kind"], row["answer"] == "The answer is %d." % World.tool_problems()[0]["c"]
+        ('tool', True)
+        """
+        return [{"prompt": [{"role": "user", "content": p["question"]}], "answer": TOOL_ANSWER.format(c=p["c"]),
+                 "kind": "tool"} for p in World.tool_problems(split)]
+
     # ---- questions shared by SFT, preferences and evaluation -----------------------------
     def _items(self) -> list[tuple[str, dict, str]]:
         """(kind, fields, correct answer) for every fact and every sum."""
@@ -250,6 +307,24 @@ class World:
                           "chosen": [{"role": "assistant", "content": answer}],
                           "rejected": [{"role": "assistant", "content": self._flawed(kind, fields, answer, rng)}]})
         return pairs
+
+    @staticmethod
+    def feedback(pairs: list[dict]) -> list[dict]:
+        """Unpaired feedback (KTO) from preference pairs, unbalanced as thumbs up/down are: every pair's
+        chosen answer desirable, the rejected answer of one pair in two undesirable (2:1).
+
+        >>> pairs = [{"prompt": f"Q{i}?", "chosen": "Right.", "rejected": "Wrong."} for i in range(3)]
+        >>> [(row["prompt"], row["completion"], row["label"]) for row in World.feedback(pairs)][:3]
+        [('Q0?', 'Right.', True), ('Q0?', 'Wrong.', False), ('Q1?', 'Right.', True)]
+        >>> [row["label"] for row in World.feedback(pairs * 100)].count(True) / 150
+        2.0
+        """
+        rows = []
+        for i, pair in enumerate(pairs):
+            rows.append({"prompt": pair["prompt"], "completion": pair["chosen"], "label": True})
+            if i % 2 == 0:
+                rows.append({"prompt": pair["prompt"], "completion": pair["rejected"], "label": False})
+        return rows
 
     def rl_prompts(self) -> list[dict]:
         """One prompt per fact and sum in the RL phrasing, with the answer a verifier checks.

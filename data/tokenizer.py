@@ -31,32 +31,68 @@ EMPTY_THINK = THINK_OPEN + "\n\n" + THINK_CLOSE + "\n"   # what a no-think answe
 # from the prompt alone; every no-think answer starts with an empty think block (inside the trained
 # span) and so does the generation prompt.
 CHAT_TEMPLATE = (
-    "{%- set ns = namespace(mode='think') %}"
+    "{%- set ns = namespace(mode='think', tools='') %}"
     "{%- if enable_thinking is defined and not enable_thinking %}{%- set ns.mode = 'no_think' %}{%- endif %}"
     "{%- if messages and messages[0]['role'] == 'system' %}"
     "{%- if '/no_think' in messages[0]['content'] %}{%- set ns.mode = 'no_think' %}"
     "{%- elif '/think' in messages[0]['content'] %}{%- set ns.mode = 'think' %}{%- endif %}"
-    "{%- elif ns.mode == 'no_think' %}{{- '<|im_start|>system\\nReasoning Mode: /no_think<|im_end|>\\n' }}"
+    "{%- endif %}"
+    # Tools: one compact line per tool, name(parameters), so a 256-token demo context keeps room for the task
+    "{%- if tools %}{%- set ns.tools = '# Tools\\n<tools>' %}{%- for tool in tools %}"
+    "{%- set fn = tool['function'] if tool['function'] is defined else tool %}"
+    "{%- set params = fn['parameters']['properties'] | list if fn['parameters'] is defined else [] %}"
+    "{%- set ns.tools = ns.tools + '\\n' + fn['name'] + '(' + params | join(', ') + ')' %}"
+    "{%- endfor %}{%- set ns.tools = ns.tools + '\\n</tools>' %}{%- endif %}"
+    "{%- if not (messages and messages[0]['role'] == 'system') and (ns.mode == 'no_think' or ns.tools) %}"
+    "{%- set text = ns.tools + ('\\n' if ns.tools and ns.mode == 'no_think' else '')"
+    " + ('Reasoning Mode: /no_think' if ns.mode == 'no_think' else '') %}"
+    "{{- '<|im_start|>system\\n' + text + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- for message in messages %}"
+    "{%- set content = message['content'] or '' %}"
     "{%- if message['role'] == 'assistant' %}"
     "{{- '<|im_start|>assistant\\n' }}"
     "{% generation %}"
-    "{%- if ns.mode == 'no_think' and not message['content'].startswith('<think>') %}"
+    "{%- if ns.mode == 'no_think' and not content.startswith('<think>') %}"
     "{{- '<think>\\n\\n</think>\\n' }}{%- endif %}"
-    "{{- message['content'] + '<|im_end|>' }}{% endgeneration %}"
+    "{{- content }}"
+    # Tool calls in the Hermes/Qwen JSON format: <tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>
+    "{%- for call in message['tool_calls'] or [] %}"
+    "{%- set fn = call['function'] if call['function'] is defined else call %}"
+    "{%- if content or not loop.first %}{{- '\\n' }}{%- endif %}"
+    "{{- '<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
+    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
+    "{{- '}\\n</tool_call>' }}"
+    "{%- endfor %}"
+    "{{- '<|im_end|>' }}{% endgeneration %}"
     "{{- '\\n' }}"
+    "{%- elif message['role'] == 'tool' %}"
+    "{{- '<|im_start|>user\\n<tool_response>\\n' + content + '\\n</tool_response><|im_end|>\\n' }}"
     "{%- elif message['role'] == 'system' %}"
-    "{%- set text = message['content'].replace('/no_think', '').replace('/think', '').strip() %}"
+    "{%- set text = content.replace('/no_think', '').replace('/think', '').strip() %}"
+    "{%- if ns.tools %}{%- set text = (text + '\\n' if text else '') + ns.tools %}{%- endif %}"
     "{%- if ns.mode == 'no_think' %}{%- set text = (text + '\\n' if text else '') + 'Reasoning Mode: /no_think' %}{%- endif %}"
     "{%- if text %}{{- '<|im_start|>system\\n' + text + '<|im_end|>\\n' }}{%- endif %}"
     "{%- else %}"
-    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}"
     "{%- endif %}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
     "{%- if ns.mode == 'no_think' %}{{- '<think>\\n\\n</think>\\n' }}{%- endif %}{%- endif %}"
 )
+
+# How transformers' ``tokenizer.parse_response`` (and TRL's tool loop) reads an assistant turn of
+# this template back into a message: optional reasoning, Hermes/Qwen JSON tool calls, the text.
+RESPONSE_TEMPLATE = {
+    "defaults": {"role": "assistant"},
+    "start_anchor": "<|im_start|>assistant\n",
+    "fields": {
+        "reasoning_content": {"open": "<think>", "close_pattern": r"</think>\s*", "content": "text"},
+        "tool_calls": {"open": "<tool_call>", "close_pattern": r"</tool_call>\s*", "repeats": True,
+                       "content": "json", "transform": {"type": "function", "function": "{content}"}},
+        "content": {"close_pattern": r"<\|im_end\|>\s*", "content": "text"},
+    },
+}
 
 
 def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency: int = 2):
@@ -65,7 +101,10 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency:
     from transformers import PreTrainedTokenizerFast
 
     core = Tokenizer(models.BPE())
-    core.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    # Digits one by one, as SmolLM's tokenizers split them: a number reads the same wherever it stands
+    # (" 443" and "\"443" share their tokens), so copying it into a tool call is copying tokens.
+    core.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True),
+                                                  pre_tokenizers.ByteLevel(add_prefix_space=False)])
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
                                   special_tokens=SPECIAL_TOKENS,
@@ -76,4 +115,5 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int = 1024, min_frequency:
                                         pad_token="<|pad|>", unk_token=None,
                                         model_max_length=4096)
     tokenizer.chat_template = CHAT_TEMPLATE
+    tokenizer.response_template = RESPONSE_TEMPLATE
     return tokenizer

@@ -82,9 +82,15 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         from .standard_tasks import stage_task
 
         stage_task(recipe.suite, recipe.staged_from)
-    if _is_redteam(recipe.suite):
+    if _is_redteam(recipe.suite) or _is_tools(recipe.suite):
         if recipe.parity:
-            raise RecipeError("parity applies to lm-eval suites, not to red-team suites")
+            raise RecipeError("parity applies to lm-eval suites, not to red-team or tool suites")
+        if _is_tools(recipe.suite):
+            from .tool_use import load_tool_suite
+
+            load_tool_suite(recipe.suite)
+            if recipe.backend != "hf":
+                raise RecipeError(f"the tool suite runs its tool loop in-process: backend hf, got {recipe.backend!r}")
         return
     suite = load_suite(recipe.suite)
     if recipe.max_gen_toks is not None and recipe.max_gen_toks < 1:
@@ -142,6 +148,14 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     target = runs.get(recipe.run)
     if _is_redteam(recipe.suite):
         return _run_redteam(recipe, target)
+    if _is_tools(recipe.suite):
+        from .tool_use import evaluate_tool_suite, format_result
+
+        result = evaluate_tool_suite(target, recipe.suite, limit=recipe.limit, batch_size=recipe.batch_size,
+                                     device=_device(recipe.device))
+        print(f"\ntool-use eval of {target.name}")
+        print(format_result(result))
+        return target
     suite = load_suite(recipe.suite)
     task_names = _selected(recipe, suite)
     order = [recipe.backend] + ([recipe.parity] if recipe.parity else [])
@@ -297,6 +311,8 @@ def evaluate(model_dir, suite: Suite, task_names: list[str], limit: int | None =
                                 **({"filter": doc.get("filter")} if several.get(task) else {}),
                                 "arguments": [list(map(str, a)) for a in doc.get("arguments", [])],
                                 "resps": doc.get("filtered_resps"),
+                                "scores": {m: float(doc[m]) for m in doc.get("metrics", [])   # per item: paired gates
+                                           if isinstance(doc.get(m), (int, float))},
                                 **({"raw": doc.get("resps")} if doc.get("resps") != doc.get("filtered_resps") else {})})
     return scores, samples
 
@@ -447,6 +463,12 @@ def _max_length(model_dir, rope_scaling: dict | None = None) -> int | None:
     if rope_scaling:
         return rope_overrides(model_dir, rope_scaling)["max_position_embeddings"]
     return json.loads((Path(model_dir) / "config.json").read_text()).get("max_position_embeddings")
+
+
+def _is_tools(ref: str) -> bool:
+    from .tool_use import is_tool_suite
+
+    return is_tool_suite(ref)
 
 
 def _is_redteam(ref: str) -> bool:

@@ -149,7 +149,7 @@ class RunLayout:
     profile_dir = _At()
 
     def data_shard_dir(self, kind: str) -> Path:
-        """``data/<kind>/``: the shards of one kind of rows (pretrain, sft, prefs, prompts)."""
+        """``data/<kind>/``: the shards of one kind of rows (pretrain, sft, prefs, prompts, feedback)."""
         return self.data_dir / kind
 
     def plot_path(self, task: str) -> Path:

@@ -16,7 +16,7 @@ from smolforge.data.synthetic import World
 from smolforge.errors import RecipeError
 from smolforge.registry import load_stage
 from smolforge.runs import Runs
-from test_data_prepare import write_sources
+from test_data_prepare import assert_feedback_card, write_sources
 
 pytest.importorskip("datatrove")
 pytest.importorskip("orjson")
@@ -103,6 +103,7 @@ def test_removals_per_rule_on_foreign_files_and_the_rule_that_changed(tmp_path):
     assert pre["rows_out"] == 9 - 3 - 1 - pre["dedup"]["near_removed"] - 1
     assert card["kinds"]["prefs"]["rows_out"] == 1 and card["kinds"]["prefs"]["bad_rows"]["count"] == 1
     assert card["kinds"]["sft"]["rows_out"] == 2
+    assert_feedback_card(run, card)      # the label is part of the exact-dedup key here too
     rules = Counter(json.loads(line)["rule"] for line in
                     (run.path / "reports" / "removed-pretrain.jsonl").read_text().splitlines())
     assert rules["stop_words"] == 1 and rules["exact"] == 1 and rules["decontamination"] == 1

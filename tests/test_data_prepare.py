@@ -54,8 +54,9 @@ def test_demo_data_card_reports_sources_counts_dedup_decontamination_and_mixture
     assert card["tokens"]["pretrain"] == sum(len(ids) + 1 for ids in tokenizer(texts, add_special_tokens=False)["input_ids"])
     assert card["tokens"]["sft"] > 0 and card["tokens"]["prefs"] > 0
     assert data_run.info["data_fingerprints"] == card["fingerprints"]
-    assert set(card["fingerprints"]) == {"data/pretrain", "data/sft", "data/prefs", "data/prompts", "packed/facts", "packed/long",
-                                        "packed/math"}
+    assert set(card["fingerprints"]) == {"data/pretrain", "data/sft", "data/prefs", "data/prompts", "data/feedback",
+                                         "packed/facts", "packed/long", "packed/math"}
+    assert card["world_kinds"] == ["pretrain", "sft", "prefs", "prompts"] and card["kinds"]["feedback"]["rows_out"] == 0
     text = (data_run.path / "data_card.md").read_text()
     for heading in ("## Rows", "## Quality filters", "## Deduplication", "## Decontamination",
                     "## Pretraining domains and mixture", "## Fingerprints"):
@@ -91,7 +92,8 @@ def test_pretraining_reads_the_packed_rows_when_seq_len_matches(data_run):
 
 
 def write_sources(tmp_path):
-    """Foreign layouts with known problems: a Parquet corpus, a CSV of chats, preference JSONL."""
+    """Foreign layouts with known problems: a Parquet corpus, a CSV of chats, preference JSONL, feedback
+    JSONL in trl-lib/kto-mix-14k's layout."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -113,9 +115,39 @@ def write_sources(tmp_path):
     good = {"prompt": "Name a grain.", "chosen": "Barley.", "rejected": "A river."}
     (tmp_path / "prefs.jsonl").write_text(json.dumps(good) + "\n" + json.dumps({"prompt": "x", "chosen": 3,
                                                                                "rejected": "y"}) + "\n")
+    def turn(role: str, text: str) -> dict:
+        return {"content": text, "role": role}           # kto-mix-14k's key order
+    grain = [turn("user", "Name a grain.")]
+    feedback = [{"prompt": grain, "completion": [turn("assistant", "Barley is a grain.")], "label": True},
+                {"prompt": grain, "completion": [turn("assistant", "A river is a grain.")], "label": False},
+                {"prompt": grain, "completion": [turn("assistant", "Barley is a grain.")], "label": True},   # a copy
+                {"prompt": grain, "completion": [turn("assistant", "Barley is a grain.")], "label": False},  # another
+                # user's thumbs down on the same answer: not a copy, kept
+                {"prompt": [turn("user", planted["question"])], "completion": [turn("assistant", planted["answer"])],
+                 "label": True},                                                                              # an eval item
+                {"prompt": grain, "completion": [turn("assistant", "Oats.")], "label": "yes"}]                   # bad label
+    with (tmp_path / "feedback.jsonl").open("w") as handle:
+        for row in feedback:
+            handle.write(json.dumps(row) + "\n")
     return {"pretrain": [{"path": str(tmp_path / "web.parquet"), "columns": {"text": "body"}, "domain": "web"}],
             "sft": [{"path": str(tmp_path / "chats.csv"), "columns": {"messages": "conversation"}}],
-            "prefs": str(tmp_path / "prefs.jsonl")}
+            "prefs": str(tmp_path / "prefs.jsonl"), "feedback": [{"path": str(tmp_path / "feedback.jsonl")}]}
+
+
+def assert_feedback_card(run, card) -> None:
+    """write_sources' feedback rows: one copy and one eval item removed, the bad label skipped and listed,
+    the same answer with both labels kept."""
+    from smolforge.data.shards import read_kind
+
+    feedback = card["kinds"]["feedback"]
+    assert (feedback["rows_in"], feedback["rows_out"], feedback["bad_rows"]["count"]) == (5, 3, 1)
+    assert feedback["dedup"]["exact_removed"] == 1 and feedback["decontamination"]["by_suite"] == {"embedded": 1}
+    assert feedback["shards"] == ["data/feedback/part-00000.jsonl"] and card["tokens"]["feedback"] > 0
+    rows = [row for _, row in read_kind(run.path, "feedback")]
+    assert [(row["completion"][0]["content"], row["label"]) for row in rows] == [
+        ("Barley is a grain.", True), ("A river is a grain.", False), ("Barley is a grain.", False)]
+    assert run.info["data_fingerprints"]["data/feedback"] == card["fingerprints"]["data/feedback"]
+    assert "| feedback | " in (run.path / "data_card.md").read_text()
 
 
 def test_prepare_from_foreign_files_reports_every_removal_by_reason(tmp_path):
@@ -137,23 +169,30 @@ def test_prepare_from_foreign_files_reports_every_removal_by_reason(tmp_path):
     prefs = card["kinds"]["prefs"]
     assert prefs["rows_out"] == 1 and prefs["bad_rows"]["count"] == 1
     listed = [json.loads(line) for line in (run.path / "reports" / "bad_rows.jsonl").read_text().splitlines()]
-    assert len(listed) == 1 and listed[0]["kind"] == "prefs" and listed[0]["where"].endswith("prefs.jsonl line 2")
+    assert len(listed) == 2 and listed[0]["kind"] == "prefs" and listed[0]["where"].endswith("prefs.jsonl line 2")
     assert "chosen" in listed[0]["error"]
     assert card["kinds"]["sft"]["rows_out"] == 2
+    assert_feedback_card(run, card)
+    assert [item["where"] for item in listed if item["kind"] == "feedback"] == [f"{tmp_path}/feedback.jsonl line 6"]
     decontam = (run.path / "reports" / "decontamination-pretrain.jsonl").read_text()
     assert '"suite": "embedded"' in decontam
     assert "bad rows skipped" in (run.path / "data_card.md").read_text().lower()
 
 
-def test_a_bad_row_with_on_error_fail_stops_before_any_run_folder(tmp_path, capsys):
-    sources = write_sources(tmp_path)
+@pytest.mark.parametrize("kind, message", [
+    ("prefs", "line 2: field 'chosen' must be a non-empty string or a list of messages"),
+    ("feedback", "line 6: field 'label' must be true (a desirable answer) or false, found 'yes'")])
+def test_a_bad_row_with_on_error_fail_stops_before_any_run_folder(tmp_path, capsys, kind, message):
+    path = tmp_path / f"{kind}.jsonl"
+    write_sources(tmp_path)
     recipe = tmp_path / "data.yaml"
-    recipe.write_text((DEMO / "data.yaml").read_text().replace("sources: {}", f"sources:\n  prefs: {sources['prefs']}"))
+    recipe.write_text((DEMO / "data.yaml").read_text().replace("sources: {}", f"sources:\n  {kind}: {path}"))
+    others = [k for k in ("pretrain", "sft", "prefs", "prompts") if k != kind]
     code = main(["--runs-dir", str(tmp_path / "runs"), "data", "prepare", str(recipe), "--set", "name=data-bad",
-                 "--set", "world.kinds=[pretrain, sft, prompts]"])
+                 "--set", f"world.kinds=[{', '.join(others)}]"])
     err = capsys.readouterr().err
     assert code == 2
-    assert f"{sources['prefs']} line 2" in err and "'chosen'" in err
+    assert f"DataError: {path} {message}" in err
     assert not (tmp_path / "runs" / "data-bad").exists()
 
 
@@ -221,11 +260,16 @@ def test_the_synthetic_world_fills_only_the_kinds_asked_for_once_sources_are_giv
         {"pretrain": 0, "prefs": 0, "prompts": 0}
 
     run = run_stage("data", runs, name="data-sft-and-world", sources=only_sft, on_error="skip",
-                    world={"kinds": ["prompts", "prefs"]})
-    assert "from the embedded synthetic world: prefs, prompts; left empty: pretrain" in capsys.readouterr().err
+                    world={"kinds": ["prompts", "feedback", "prefs"]})
+    assert "from the embedded synthetic world: prefs, prompts, feedback; left empty: pretrain" in capsys.readouterr().err
     card = card_of(run)
-    assert card["world_kinds"] == ["prefs", "prompts"] and card["kinds"]["prompts"]["rows_out"] > 0
+    assert card["world_kinds"] == ["prefs", "prompts", "feedback"] and card["kinds"]["prompts"]["rows_out"] > 0
     assert card["kinds"]["prefs"]["sources"][0]["format"] == "synthetic" and card["kinds"]["pretrain"]["rows_out"] == 0
+    # feedback asked of the world: its pairs' answers, every chosen one good and one rejected in two bad
+    from smolforge.data.shards import read_kind
+    assert card["kinds"]["feedback"]["rows_in"] == 3 * card["kinds"]["prefs"]["rows_in"] // 2
+    labels = [row["label"] for _, row in read_kind(run.path, "feedback")]
+    assert labels.count(True) > labels.count(False) > 0
 
     module = load_stage("data")
     for changes, message in [

@@ -200,7 +200,7 @@ ASK = [{"role": "user", "content": "What does Bo eat?"}]
 OTHER = [{"role": "user", "content": "Add 2 and 3."}]
 
 
-def test_kto_loss_is_the_papers_on_the_logged_rewards_and_kl(runs, sft_run, tmp_path):
+def test_kto_loss_is_the_papers_on_the_logged_rewards_and_kl(runs, sft_run, tmp_path, monkeypatch):
     """Unpaired feedback in trl-lib/kto-mix-14k's layout, one desirable and one undesirable answer: step 2's
     loss (after one update, so the log-ratios are not zero) against the KTO paper's eq. (7) on what TRL
     logged for that batch: λ_D(1 − σ(β r_D − β z₀)) and λ_U(1 − σ(β z₀ − β r_U)), averaged."""
@@ -219,6 +219,18 @@ def test_kto_loss_is_the_papers_on_the_logged_rewards_and_kl(runs, sft_run, tmp_
     assert loss == pytest.approx(expected, rel=1e-4, abs=1e-5)
     assert logged(run, "loss")[0] == pytest.approx((1.0 * 0.5 + 1.5 * 0.5) / 2, abs=1e-4)   # step 1: r = z₀ = 0
     assert {"train/chosen", "train/rejected", "train/kl"} <= set(run.metrics)
+    # packing: true (answers, KL rows and the reference's forwards as one document-masked row): the same
+    # figures step for step, to 1e-5 in fp32
+    from smolforge.alignment import packed_preference
+
+    packs = []
+    pack = packed_preference.pack
+    monkeypatch.setattr(packed_preference, "pack", lambda *args: packs.append(args[1].shape) or pack(*args))
+    packed = run_stage("kto", runs, name="kto-formula-packed", parent=sft_run.name, data=data, packing=True,
+                       trainer=run.info["recipe"]["trainer"])
+    assert len(packs) >= 2 * 3 and all(shape[0] == 2 for shape in packs)  # policy and reference, answers and KL rows
+    for key in ("loss", "rewards/chosen", "rewards/rejected", "kl"):
+        assert logged(packed, key) == pytest.approx(logged(run, key), abs=1e-5, rel=1e-5), key
 
 
 def test_feedback_rows_are_checked_and_pairs_become_two_rows(tmp_path, runs, sft_run):
@@ -234,6 +246,37 @@ def test_feedback_rows_are_checked_and_pairs_become_two_rows(tmp_path, runs, sft
     with pytest.raises(DataError, match=r"KTO needs both kinds of feedback: 2 rows and no undesirable"):
         load_stage("kto").validate(tiny_recipe("kto", parent=sft_run.name, data=one_kind), runs)
     assert not (runs.root / "kto-demo").exists()
+
+
+def test_kto_reads_a_data_runs_feedback_kind_else_its_pairs(runs, data_run, sft_run, tmp_path, capsys):
+    """kto-mix-14k-shaped feedback put through the data stage (sources: {feedback: ...}): `smolforge kto`
+    on that data run trains on its data/feedback/ shards; on a data run without feedback, its prefs."""
+    from smolforge.alignment.common import load_inputs
+    from smolforge.data.shards import kind_files
+
+    path = tmp_path / "kto-mix.jsonl"
+    with path.open("w") as handle:   # trl-lib/kto-mix-14k's layout, one row at a time; extra columns ride along
+        for i, (answer, label) in enumerate([("Bo eats rice.", True), ("Bo eats seven.", False),
+                                             ("Bo eats rice, I think.", True)]):
+            handle.write(json.dumps({"prompt": ASK, "completion": [{"content": answer, "role": "assistant"}],
+                                     "label": label, "source": f"thumbs-{i}"}) + "\n")
+    data = run_stage("data", runs, name="data-feedback", sources={"feedback": str(path)}, pack={"enabled": False},
+                     tokenizer={"path": str(sft_run.model_dir)})
+    assert [p.relative_to(data.path).as_posix() for p in kind_files(data.path, "feedback")] == \
+        ["data/feedback/part-00000.jsonl"]
+    capsys.readouterr()
+    run = run_stage("kto", runs, name="kto-feedback-kind", parent=sft_run.name, data=data.name,
+                    trainer={"max_steps": 1, "per_device_train_batch_size": 3, "max_length": 64,
+                             "undesirable_weight": 1.5})
+    assert "kto: reading data/feedback/ of data run data-feedback (3 rows)" in capsys.readouterr().err
+    assert run.info["parents"] == [sft_run.name, data.name]
+    assert run.info["data_fingerprints"]["feedback"] == data.info["data_fingerprints"]["data/feedback"]
+    _, _, paths, rows = load_inputs("kto", tiny_recipe("kto", parent=sft_run.name, data=data_run.name), runs)
+    assert paths == kind_files(data_run.path, "prefs") and len(rows) == 2 * card_rows(data_run, "prefs")
+
+
+def card_rows(run, kind: str) -> int:
+    return json.loads((run.path / "data_card.json").read_text())["kinds"][kind]["rows_out"]
 
 
 @pytest.mark.parametrize("loss_type", ["simpo", "sigmoid"])

@@ -262,6 +262,43 @@ def test_math_rows_take_the_last_boxed_answer_with_nested_braces():
         {"prompt": OPENR1["problem"], "answer": "5", **{k: v for k, v in KEPT.items() if k != "answer"}}]
 
 
+# ---- feedback: trl-lib/kto-mix-14k (TRL unpaired preference) -------------------------------------
+
+KTO_MIX = [    # trl-lib/kto-mix-14k: prompt and completion message lists, label a boolean
+    {"prompt": [user("Which planet is known as the red planet?")], "completion": [assistant("Mars.")], "label": True},
+    {"prompt": [user("Which planet is known as the red planet?")], "completion": [assistant("Venus.")], "label": False}]
+
+
+def test_kto_mix_rows_are_feedback_rows_in_jsonl_csv_and_parquet():
+    import csv
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    plain = {"prompt": "Name a prime.", "completion": "7", "label": True, "source": "thumbs"}   # extras ride along
+    write_jsonl("kto.jsonl", KTO_MIX + [plain])
+    assert load_rows("kto.jsonl", "feedback") == KTO_MIX + [plain]
+    for shape in ("auto", "kto-mix", "unpaired"):
+        assert [row for _, row in iter_rows(Source(path="kto.jsonl", shape=shape), "feedback")] == KTO_MIX + [plain]
+    pq.write_table(pa.Table.from_pylist(KTO_MIX), "kto.parquet")
+    assert [row for _, row in iter_rows(Source(path="kto.parquet"), "feedback")] == KTO_MIX
+    with open("kto.csv", "w", newline="") as handle:       # cells are text: JSON message lists, true/false
+        writer = csv.writer(handle)
+        writer.writerow(["prompt", "completion", "label"])
+        writer.writerows([json.dumps(r["prompt"]), json.dumps(r["completion"]), str(r["label"]).lower()] for r in KTO_MIX)
+    assert [row for _, row in iter_rows(Source(path="kto.csv"), "feedback")] == KTO_MIX
+    write_jsonl("bad.jsonl", [KTO_MIX[0], {**KTO_MIX[1], "label": "yes"}])
+    with pytest.raises(DataError, match=r"^bad.jsonl line 2: field 'label' must be true \(a desirable answer\) or "
+                                        r"false, found 'yes'$"):
+        list(iter_rows(Source(path="bad.jsonl"), "feedback"))
+    write_jsonl("pairs.jsonl", [ULTRAFEEDBACK])            # pairs belong under prefs
+    with pytest.raises(DataError, match=r"^pairs.jsonl line 1: a feedback row needs prompt\+completion\+label .*; "
+                                        r"preference pairs go under sources.prefs"):
+        list(iter_rows(Source(path="pairs.jsonl"), "feedback"))
+    with pytest.raises(RecipeError, match=r"'kto-mix' makes feedback rows, not preference rows"):
+        iter_rows(Source(path="kto.jsonl", shape="kto-mix"), "preference")
+
+
 # ---- rows that fit no shape, or several -----------------------------------------------------------
 
 def test_unrecognised_and_ambiguous_rows_name_the_row_its_keys_and_the_shapes():

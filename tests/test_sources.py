@@ -248,7 +248,7 @@ def test_wrong_types():
                                                         "list of messages, found a string")
     write_jsonl("r.jsonl", [{"messages": [{"role": "bot", "content": "x"}]}])
     assert error_of(Source(path="r.jsonl"), "chat") == ("r.jsonl line 1: field 'messages[0].role' is 'bot' "
-                                                        "(expected one of system, user, assistant)")
+                                                        "(expected one of system, user, assistant, tool)")
     write_jsonl("p.jsonl", [{"prompt": "q", "chosen": {"a": 1}, "rejected": "b"}])
     assert error_of(Source(path="p.jsonl"), "preference") == (
         "p.jsonl line 1: field 'chosen' must be a non-empty string or a list of messages, found an object")
