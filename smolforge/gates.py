@@ -9,7 +9,15 @@ A gate names one metric and one or more rules::
 
 ``against`` is ``parent`` (the nearest ancestor that has the metric, walking up the lineage
 breadth-first in parent order) or a run name / folder. With ``against`` and neither ``max_drop``
-nor ``max_rise``, the metric may not drop at all (``max_drop: 0``). Gates sit on pipeline steps
+nor ``max_rise``, the metric may not drop at all (``max_drop: 0``).
+
+**Paired, noise-aware.** Where both runs have the metric's per-item scores (every scorer writes them
+into ``eval/``, :mod:`smolforge.item_scores`), an ``against`` rule compares the runs item by item
+(:mod:`smolforge.paired`): the change, its standard error by paired bootstrap, and a verdict at
+``confidence`` (0.95 unless given): *pass* (within the tolerance with that confidence), *fail* (worse
+beyond it with that confidence) or *inconclusive* (the suite cannot tell at its size), which counts as
+``inconclusive: fail`` (the default) or ``pass``. Without per-item scores (runs scored before they were
+written, a metric no suite scores per item) the rule compares the two values, as before, and says so. Gates sit on pipeline steps
 (see :mod:`smolforge.pipeline`); a failing gate fails the step. A metric the run does not have
 is a failing gate whose message lists the metrics that do exist.
 
@@ -21,7 +29,7 @@ is a failing gate whose message lists the metrics that do exist.
     ...     b.finish(metrics={"instruct/exact_match": 0.65})
     >>> gates = parse_gates([{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.01}])
     >>> [r.message for r in check_gates(b, runs, gates)]
-    ['gate failed: instruct/exact_match 0.650 < parent sft-a 0.708 - 0.010']
+    ['gate failed: instruct/exact_match 0.650 < parent sft-a 0.708 - 0.010 (unpaired)']
 """
 from __future__ import annotations
 
@@ -33,12 +41,15 @@ from pathlib import Path
 from typing import Any
 
 from smolforge.errors import RecipeError, RunError
+from smolforge.item_scores import item_scores
+from smolforge.paired import compare
 from smolforge.recipe import check_keys
 from smolforge.runs import Run, Runs
 
 __all__ = ["GATE_KEYS", "Gate", "GateResult", "parse_gates", "check_gates", "failures"]
 
-GATE_KEYS = ("metric", "against", "max_drop", "max_rise", "min", "max")
+GATE_KEYS = ("metric", "against", "max_drop", "max_rise", "min", "max", "confidence", "inconclusive")
+INCONCLUSIVE = ("fail", "pass")
 _EPS = 1e-9  # float slack so 0.698 passes ">= 0.708 - 0.010"
 
 
@@ -52,6 +63,8 @@ class Gate:
     max_rise: float | None = None    # with against: value <= reference + max_rise
     min: float | None = None         # value >= min
     max: float | None = None         # value <= max
+    confidence: float | None = None  # paired verdicts' confidence (0.95 when unset)
+    inconclusive: str | None = None  # what a paired "inconclusive" counts as: fail (unset) | pass
 
     def describe(self) -> str:
         """The rule in words.
@@ -90,6 +103,7 @@ class GateResult:
     value: float | None = None           # the run's value of the metric (None if missing)
     reference: float | None = None       # the compared run's value (gates with against)
     reference_run: str | None = None     # the compared run's name
+    paired: list = dataclasses.field(default_factory=list)   # PairedResult.to_dict() of each paired rule
 
     def to_dict(self) -> dict:
         """JSON-ready form (for the pipeline summary and gates.json).
@@ -99,7 +113,7 @@ class GateResult:
         """
         return {"gate": self.gate.to_dict(), "rule": self.gate.describe(), "passed": self.passed,
                 "message": self.message, "value": self.value, "reference": self.reference,
-                "reference_run": self.reference_run}
+                "reference_run": self.reference_run, "paired": self.paired}
 
 
 # --------------------------------------------------------------------------- parsing
@@ -145,7 +159,16 @@ def _parse_one(spec: Any, where: str) -> Gate:
         raise RecipeError(f"{where}: min {nums['min']:g} is above max {nums['max']:g}")
     if against is not None and nums["max_drop"] is None and nums["max_rise"] is None:
         nums["max_drop"] = 0.0
-    return Gate(metric=metric.strip(), against=None if against is None else against.strip(), **nums)
+    confidence = _number(spec, "confidence", where)
+    if confidence is not None and not 0.5 < confidence < 1:
+        raise RecipeError(f"{where}: 'confidence' must be between 0.5 and 1 (e.g. 0.95), got {confidence:g}")
+    inconclusive = spec.get("inconclusive")
+    if inconclusive is not None and inconclusive not in INCONCLUSIVE:
+        raise RecipeError(f"{where}: 'inconclusive' must be one of {', '.join(INCONCLUSIVE)}, got {inconclusive!r}")
+    if (confidence is not None or inconclusive is not None) and against is None:
+        raise RecipeError(f"{where}: 'confidence' and 'inconclusive' apply to paired rules: give 'against'")
+    return Gate(metric=metric.strip(), against=None if against is None else against.strip(), **nums,
+                confidence=confidence, inconclusive=inconclusive)
 
 
 def parse_gates(specs: Any, source: str = "gates") -> list[Gate]:
@@ -154,7 +177,7 @@ def parse_gates(specs: Any, source: str = "gates") -> list[Gate]:
     Raises RecipeError naming the gate and the key for anything that cannot work.
 
     >>> parse_gates([{"metric": "facts/acc", "min": 0.5}])
-    [Gate(metric='facts/acc', against=None, max_drop=None, max_rise=None, min=0.5, max=None)]
+    [Gate(metric='facts/acc', against=None, max_drop=None, max_rise=None, min=0.5, max=None, confidence=None, inconclusive=None)]
     >>> parse_gates([{"metric": "facts/acc", "max_dorp": 0.1}])
     Traceback (most recent call last):
     ...
@@ -226,6 +249,7 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
     value = float(value)
     problems: list[str] = []
     passes: list[str] = []
+    paired: list[dict] = []
     reference = ref_name = None
     if gate.against is not None:
         if gate.against == "parent":
@@ -246,14 +270,25 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
                                   value, reference_run=ref_run.name)
             label = ref_run.name
         reference, ref_name = float(ref_run.metrics[gate.metric]), ref_run.name
-        if gate.max_drop is not None:
-            ok = value >= reference - gate.max_drop - _EPS
+        pairs = _pairs(run, ref_run, gate.metric)
+        for key, higher_is_better, sign in (("max_drop", True, "-"), ("max_rise", False, "+")):
+            tolerance = getattr(gate, key)
+            if tolerance is None:
+                continue
+            if pairs is not None:
+                result = compare(pairs[0], pairs[1], tolerance=tolerance, higher_is_better=higher_is_better,
+                                 confidence=gate.confidence or 0.95)
+                paired.append(result.to_dict())
+                ok = result.verdict == "pass" or (result.verdict == "inconclusive" and gate.inconclusive == "pass")
+                counted = f" (counted as {gate.inconclusive or 'fail'})" if result.verdict == "inconclusive" else ""
+                (passes if ok else problems).append(f"{gate.metric} {value:.3f} against {label} {reference:.3f}: "
+                                                    f"{result.describe()}{counted}")
+                continue
+            ok = value >= reference - tolerance - _EPS if higher_is_better else value <= reference + tolerance + _EPS
+            relation = (">=" if ok else "<") if higher_is_better else ("<=" if ok else ">")
             (passes if ok else problems).append(
-                f"{gate.metric} {value:.3f} {'>=' if ok else '<'} {label} {reference:.3f} - {gate.max_drop:.3f}")
-        if gate.max_rise is not None:
-            ok = value <= reference + gate.max_rise + _EPS
-            (passes if ok else problems).append(
-                f"{gate.metric} {value:.3f} {'<=' if ok else '>'} {label} {reference:.3f} + {gate.max_rise:.3f}")
+                f"{gate.metric} {value:.3f} {relation} {label} {reference:.3f} {sign} {tolerance:.3f} "
+                "(unpaired)")
     if gate.min is not None:
         ok = value >= gate.min - _EPS
         (passes if ok else problems).append(f"{gate.metric} {value:.3f} {'>=' if ok else '<'} min {gate.min:.3f}")
@@ -261,8 +296,19 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
         ok = value <= gate.max + _EPS
         (passes if ok else problems).append(f"{gate.metric} {value:.3f} {'<=' if ok else '>'} max {gate.max:.3f}")
     if problems:
-        return GateResult(gate, False, "gate failed: " + "; ".join(problems), value, reference, ref_name)
-    return GateResult(gate, True, "gate passed: " + "; ".join(passes), value, reference, ref_name)
+        return GateResult(gate, False, "gate failed: " + "; ".join(problems), value, reference, ref_name, paired)
+    return GateResult(gate, True, "gate passed: " + "; ".join(passes), value, reference, ref_name, paired)
+
+
+def _pairs(run: Run, reference: Run, metric: str) -> tuple[list[float], list[float]] | None:
+    """Both runs' per-item scores of ``metric`` on the items both answered, in one order; None without them."""
+    new, old = item_scores(run, metric), item_scores(reference, metric)
+    if not new or not old:
+        return None
+    common = sorted(set(new) & set(old))
+    if not common:
+        return None
+    return [new[i] for i in common], [old[i] for i in common]
 
 
 def check_gates(run: Run, runs: Runs, gates: Iterable[Gate | dict]) -> list[GateResult]:

@@ -603,14 +603,21 @@ def _score_cell(metrics: dict, key: str) -> str | None:
 
 
 def _gates_cell(row: dict) -> str | None:
-    """``pass 2/2`` or ``FAILED 1/2: metric, metric`` for a row with gate verdicts."""
+    """``pass 2/2`` or ``FAILED 1/2: metric, metric`` for a row with gate verdicts, then each paired
+    rule's change and its bounds (``instruct/exact_match Δ-0.010 [-0.041, +0.021] pass``).
+
+    >>> paired = {"verdict": "inconclusive", "difference": -0.02, "low": -0.06, "high": 0.01}
+    >>> _gates_cell({"gates": [{"gate": {"metric": "a/acc"}, "passed": True, "paired": [paired]}]})
+    'pass 1/1; a/acc Δ-0.020 [-0.060, +0.010] inconclusive'
+    """
     results = row.get("gates")
     if not results:
         return None
     bad = [r["gate"]["metric"] for r in results if not r["passed"]]
-    if not bad:
-        return f"pass {len(results)}/{len(results)}"
-    return f"FAILED {len(bad)}/{len(results)}: {', '.join(bad)}"
+    head = f"pass {len(results)}/{len(results)}" if not bad else f"FAILED {len(bad)}/{len(results)}: {', '.join(bad)}"
+    intervals = [f"{r['gate']['metric']} Δ{p['difference']:+.3f} [{p['low']:+.3f}, {p['high']:+.3f}] {p['verdict']}"
+                 for r in results for p in r.get("paired") or []]
+    return "; ".join([head, *intervals])
 
 
 def _print_summary(rows: list[dict], as_json: bool, out: TextIO) -> None:

@@ -37,6 +37,66 @@ def messages(run, runs, *specs):
     return [r.message for r in check_gates(run, runs, list(specs))]
 
 
+# --------------------------------------------------------------------------- paired, noise-aware verdicts
+
+
+def scored(runs: Runs, name: str, per_item: list[float], parents=(), redteam: bool = False):
+    """A run whose eval/ holds per-item scores as the scorers write them (lm-eval's instruct task, or a
+    red-team suite's jailbreak items), and the mean in run.json."""
+    metric = "redteam/attack_success" if redteam else "instruct/exact_match"
+    run = make(runs, name, {metric: sum(per_item) / len(per_item)}, parents=parents)
+    run.eval_dir.mkdir(exist_ok=True)
+    if redteam:
+        rows = [{"id": f"jb-{i}", "category": "jailbreak", "failed": bool(v)} for i, v in enumerate(per_item)]
+        (run.eval_dir / "redteam.json").write_text(json.dumps({"kind": "adversarial",
+                                                                "categories": {"jailbreak": {"kind": "attack"}}}))
+    else:
+        rows = [{"task": "instruct", "doc_id": i, "scores": {"exact_match": v}} for i, v in enumerate(per_item)]
+        (run.eval_dir / "embedded.json").write_text(json.dumps({"tasks": {"instruct": {}}}))
+    name_ = "redteam" if redteam else "embedded"
+    (run.eval_dir / f"{name_}-samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return run
+
+
+@pytest.mark.parametrize("flips, verdict, passed", [
+    ((0, 0), "pass", True),            # 400 items, the same answers: no change, tight bounds
+    ((6, 4), "pass", True),            # a few items change either way: the drop is well inside 0.05
+    ((60, 0), "fail", False),          # 60 of 400 items lost (−0.15): worse beyond 0.05 with 95 % confidence
+    ((20, 0), "inconclusive", False),  # 20 lost (−0.05): the interval holds −0.05, the suite cannot tell
+])
+def test_a_paired_gate_gives_each_verdict_on_constructed_scores(runs, flips, verdict, passed):
+    parent = [1.0] * 300 + [0.0] * 100
+    lost, won = flips
+    child = [0.0] * lost + [1.0] * (300 - lost) + [1.0] * won + [0.0] * (100 - won)
+    scored(runs, "sft-p", parent)
+    run = scored(runs, "dpo-p", child, parents=["sft-p"])
+    [result] = check_gates(run, runs, [{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.05}])
+    [paired] = result.paired
+    assert (paired["verdict"], result.passed, paired["items"]) == (verdict, passed, 400)
+    assert paired["difference"] == pytest.approx((won - lost) / 400)
+    assert paired["low"] <= paired["difference"] <= paired["high"]
+    assert f"paired items, tolerance 0.050): {verdict}" in result.message
+    if verdict == "inconclusive":
+        assert "(counted as fail)" in result.message
+        [lenient] = check_gates(run, runs, [{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.05,
+                                              "inconclusive": "pass"}])
+        assert lenient.passed and "(counted as pass)" in lenient.message
+
+
+def test_a_paired_safety_gate_fails_a_rise_in_attack_success_and_passes_noise(runs):
+    scored(runs, "sft-r", [0.0] * 180 + [1.0] * 20, redteam=True)
+    noisy = scored(runs, "dpo-r", [1.0] * 3 + [0.0] * 177 + [1.0] * 17 + [0.0] * 3, parents=["sft-r"], redteam=True)
+    worse = scored(runs, "dpo-w", [1.0] * 40 + [0.0] * 140 + [1.0] * 20, parents=["sft-r"], redteam=True)
+    gate = {"metric": "redteam/attack_success", "against": "parent", "max_rise": 0.05}
+    [ok], [bad] = check_gates(noisy, runs, [gate]), check_gates(worse, runs, [gate])
+    assert ok.passed and ok.paired[0]["verdict"] == "pass" and ok.paired[0]["difference"] == 0.0
+    assert not bad.passed and bad.paired[0]["verdict"] == "fail" and bad.paired[0]["difference"] == 0.2
+    with pytest.raises(RecipeError, match=r"'confidence' must be between 0.5 and 1"):
+        parse_gates([{**gate, "confidence": 95}])
+    with pytest.raises(RecipeError, match=r"'inconclusive' must be one of fail, pass"):
+        parse_gates([{**gate, "inconclusive": "rerun"}])
+
+
 # --------------------------------------------------------------------------- rules
 
 
@@ -45,7 +105,7 @@ def test_gate_against_parent_fails_with_metric_values_and_rule(runs):
     dpo = make(runs, "dpo-demo", {"instruct/exact_match": 0.65}, parents=["sft-demo"], stage="dpo")
     [result] = check_gates(dpo, runs, [{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.01}])
     assert not result.passed
-    assert result.message == "gate failed: instruct/exact_match 0.650 < parent sft-demo 0.708 - 0.010"
+    assert result.message == "gate failed: instruct/exact_match 0.650 < parent sft-demo 0.708 - 0.010 (unpaired)"
     assert (result.value, result.reference, result.reference_run) == (0.65, 0.7083, "sft-demo")
 
 
@@ -54,10 +114,10 @@ def test_gate_against_parent_passes_within_the_allowed_drop(runs):
     dpo = make(runs, "dpo-demo", {"instruct/exact_match": 0.698}, parents=["sft-demo"])
     [result] = check_gates(dpo, runs, [{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.01}])
     assert result.passed, result.message  # exactly at the edge: float slack, not a spurious fail
-    assert result.message == "gate passed: instruct/exact_match 0.698 >= parent sft-demo 0.708 - 0.010"
+    assert result.message == "gate passed: instruct/exact_match 0.698 >= parent sft-demo 0.708 - 0.010 (unpaired)"
     # without max_drop the metric may not drop at all
     assert messages(dpo, runs, {"metric": "instruct/exact_match", "against": "parent"}) == [
-        "gate failed: instruct/exact_match 0.698 < parent sft-demo 0.708 - 0.000"]
+        "gate failed: instruct/exact_match 0.698 < parent sft-demo 0.708 - 0.000 (unpaired)"]
 
 
 def test_absolute_max_and_min(runs):
@@ -73,7 +133,7 @@ def test_max_rise_for_metrics_where_lower_is_better(runs):
     make(runs, "sft-a", {"redteam/attack_success": 0.10})
     run = make(runs, "dpo-a", {"redteam/attack_success": 0.20}, parents=["sft-a"])
     assert messages(run, runs, {"metric": "redteam/attack_success", "against": "parent", "max_rise": 0.05}) == [
-        "gate failed: redteam/attack_success 0.200 > parent sft-a 0.100 + 0.050"]
+        "gate failed: redteam/attack_success 0.200 > parent sft-a 0.100 + 0.050 (unpaired)"]
 
 
 def test_missing_metric_fails_and_lists_the_close_and_existing_metrics(runs):
@@ -90,7 +150,7 @@ def test_against_a_named_run(runs):
     make(runs, "sft-a", {"facts/acc": 0.5})
     run = make(runs, "dpo-a", {"facts/acc": 0.6}, parents=["sft-a"])
     [result] = check_gates(run, runs, [{"metric": "facts/acc", "against": "baseline", "max_drop": 0.1}])
-    assert result.message == "gate failed: facts/acc 0.600 < baseline 0.900 - 0.100"
+    assert result.message == "gate failed: facts/acc 0.600 < baseline 0.900 - 0.100 (unpaired)"
     assert result.reference_run == "baseline"
     assert check_gates(run, runs, [{"metric": "facts/acc", "against": "parent", "max_drop": 0.1}])[0].passed
     [typo] = check_gates(run, runs, [{"metric": "facts/acc", "against": "baselin", "max_drop": 0.1}])
@@ -104,7 +164,7 @@ def test_against_parent_walks_up_the_lineage_to_the_nearest_scored_ancestor(runs
     run = make(runs, "dpo-a", {"facts/acc": 0.35}, parents=["sft-a", "data-a"], stage="dpo")
     [result] = check_gates(run, runs, [{"metric": "facts/acc", "against": "parent", "max_drop": 0.01}])
     assert result.reference_run == "pretrain-a"
-    assert result.message == "gate failed: facts/acc 0.350 < parent pretrain-a 0.400 - 0.010"
+    assert result.message == "gate failed: facts/acc 0.350 < parent pretrain-a 0.400 - 0.010 (unpaired)"
     [nobody] = check_gates(run, runs, [{"metric": "arith/acc", "against": "parent"}])
     assert not nobody.passed and "has no metric 'arith/acc'" in nobody.message
     orphan = make(runs, "orphan", {"arith/acc": 0.3})
@@ -255,7 +315,7 @@ def test_failing_gate_fails_the_pipeline_step_with_the_reason(fake_env, share_pr
     assert out.returncode == 2, out.stderr
     assert out.stderr.strip().splitlines()[-1] == (
         "RunError: pipeline step 2 (stage sft, run s1) failed its promotion gates: "
-        "gate failed: toy/acc 0.650 < parent p1 0.700 - 0.010")
+        "gate failed: toy/acc 0.650 < parent p1 0.700 - 0.010 (unpaired)")
     assert "gate passed: toy/acc 0.650 >= min 0.500" in out.stdout  # every verdict is printed
     assert out.stdout.count("gates on s1:") == 1                    # once, after the last eval
     table = out.stdout[out.stdout.index("pipeline summary"):]
@@ -290,7 +350,7 @@ def test_passing_gates_let_the_pipeline_go_on_and_show_in_the_summary(fake_env):
     gated = {s["run"]: s["gates"] for s in steps if "gates" in s}
     assert set(gated) == {"s1", "s2"}
     assert [g["passed"] for g in gated["s2"]] == [True, True]
-    assert gated["s1"][0]["message"] == "gate passed: toy/acc 0.720 >= parent p1 0.700 - 0.000"
+    assert gated["s1"][0]["message"] == "gate passed: toy/acc 0.720 >= parent p1 0.700 - 0.000 (unpaired)"
     assert "gates on s1:" in out.stderr  # verdicts go to stderr with --json
 
 
