@@ -19,8 +19,12 @@ policy (``vllm-server``: TRL's ``rollout_func`` hook, weights reloaded in place 
 optimizer step, :mod:`smolforge.generation.rollouts`); RLOO has
 no such hook in TRL and generates with HF there. Elsewhere, HF ``generate``.
 
+``async_: {max_staleness: N}`` (GRPO on the ``vllm-server`` path) samples the next batches while the
+trainer trains, from weights at most N steps old, with TRL's importance-sampling correction on
+(:mod:`smolforge.alignment.async_rollouts`); off by default.
+
     >>> sorted(OnlineRecipe().__dataclass_fields__)[:3]
-    ['chat_prompts', 'data', 'eval_max_new_tokens']
+    ['async_', 'chat_prompts', 'data']
 """
 from __future__ import annotations
 
@@ -37,6 +41,7 @@ from smolforge.tracking import TrackingSpec
 
 from smolforge.generation.prompts import load_tokenizer
 
+from .async_rollouts import AsyncSpec
 from .logprob_parity import ParitySpec, ParityWatch, parity_callback
 from .common import (check_tracking, lineage_fingerprints, load_trainable, model_parent, quiet_tracking, run_logger,
                      split_heldout, step_profiler, train_summary, trainer_defaults)
@@ -61,6 +66,14 @@ class OnlineRecipe:
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
     parity: ParitySpec = field(default_factory=ParitySpec)  # vLLM rollouts: engine-vs-trainer log-prob gap per step,
                                       #   max_gap (nats/token) and on_breach: stop | warn (smolforge.alignment.logprob_parity)
+    async_: AsyncSpec | None = field(default=None, metadata={"key": "async"})  # {max_staleness: N}: GRPO on the vLLM
+                                      #   server samples the next batches while training, at most N steps stale (off:
+                                      #   null; smolforge.alignment.async_rollouts)
+
+    def __post_init__(self) -> None:
+        if self.async_ is not None and not hasattr(self, "trainer"):   # PPO: its own loop, no TRL trainer
+            raise RecipeError("async_: asynchronous rollouts are for GRPO (TRL's rollout hook on the vLLM server); "
+                              "this stage samples and trains in turn: drop async_")
 
 
 def online_defaults(**overrides) -> dict:
@@ -159,13 +172,53 @@ def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool, processes: int
     return backend
 
 
+def check_async(recipe, backend: str, *, has_rollout_hook: bool, processes: int = 1) -> None:
+    """RecipeError when the recipe's ``async_`` cannot run with the rollout ``backend`` (before any run exists).
+
+    >>> from types import SimpleNamespace
+    >>> trainer = SimpleNamespace(vllm_importance_sampling_correction=True, loss_type="dapo", vllm_mode="colocate")
+    >>> recipe = SimpleNamespace(async_=AsyncSpec(max_staleness=1), trainer=trainer, tools=[], generation="auto")
+    >>> check_async(recipe, "vllm-server", has_rollout_hook=True)
+    >>> check_async(recipe, "hf", has_rollout_hook=False)
+    Traceback (most recent call last):
+    ...
+    smolforge.errors.RecipeError: async_: asynchronous rollouts need TRL's rollout_func hook on smolforge's vLLM server, which only GRPO has (this stage's TRL trainer has none): drop async_
+    """
+    spec = getattr(recipe, "async_", None)
+    if spec is None:
+        return
+    spec.check()
+    if backend == "trl-vllm":
+        raise RecipeError("async_: smolforge's asynchronous rollouts run on its vLLM server (the CPU path); with TRL's "
+                          f"own vLLM {recipe.trainer.vllm_mode} mode on a GPU use TRL's AsyncGRPOTrainer "
+                          "(trl.experimental.async_grpo: FlashAttention-3, weights over NCCL), or drop async_")
+    if not has_rollout_hook:
+        raise RecipeError("async_: asynchronous rollouts need TRL's rollout_func hook on smolforge's vLLM server, "
+                          "which only GRPO has (this stage's TRL trainer has none): drop async_")
+    if getattr(recipe, "tools", None):
+        raise RecipeError("async_: not with tools (TRL's tool-call loop regenerates through its own backends): "
+                          "drop async_ or tools")
+    if processes > 1:
+        raise RecipeError(f"async_: the vLLM server path serves one process, this run has {processes}: drop async_")
+    if backend != "vllm-server":
+        raise RecipeError(f"async_: asynchronous rollouts sample from smolforge's vLLM server, but this run "
+                          f"generates with {backend} (generation: {recipe.generation}; the server needs vLLM's CPU "
+                          "build and a head size its CPU attention supports): drop async_")
+    trainer = recipe.trainer
+    if (getattr(trainer, "loss_type", None) == "vespo" and trainer.vllm_importance_sampling_correction
+            and trainer.vllm_importance_sampling_mode not in ("token_truncate", "token_mask")):
+        raise RecipeError("async_ with trainer.loss_type vespo: TRL's importance-sampling correction needs "
+                          "trainer.vllm_importance_sampling_mode token_truncate or token_mask there")
+
+
 def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> None:
     """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
     recipe.parity.check()
     model_dir = model_parent(runs, recipe.parent).model_dir
-    _choose_rollouts(recipe, model_dir, has_rollout_hook)
+    backend, _ = _choose_rollouts(recipe, model_dir, has_rollout_hook)
+    check_async(recipe, backend, has_rollout_hook=has_rollout_hook)
     if recipe.chat_prompts and not getattr(load_tokenizer(model_dir), "chat_template", None):
         raise RecipeError(f"chat_prompts: true, but the parent '{recipe.parent}' has no chat template to wrap the "
                           "prompts with (a base model: set chat_prompts: false)")
@@ -252,6 +305,41 @@ def server_rollout_func(rollouts, tokenizer, args, watch: ParityWatch | None = N
     return rollout
 
 
+def heldout_tools(recipe) -> dict:
+    """``mean_reward``'s tool settings for a recipe with ``tools:``: the held-out prompts are answered with
+    the tools on offer, as the policy is trained (TRL's ``max_tool_calling_iterations`` rounds, 2 if unset).
+
+    >>> from types import SimpleNamespace
+    >>> heldout_tools(SimpleNamespace(tools=["calculator"], trainer=SimpleNamespace(max_tool_calling_iterations=None)))
+    {'tools': ['calculator'], 'max_tool_iterations': 2}
+    >>> heldout_tools(SimpleNamespace(trainer=None))
+    {}
+    """
+    tools = getattr(recipe, "tools", None)
+    if not tools:
+        return {}
+    return {"tools": list(tools), "max_tool_iterations": getattr(recipe.trainer, "max_tool_calling_iterations", None) or 2}
+
+
+def tool_figures(before: list[dict], after: list[dict]) -> dict:
+    """run.json's tool-use figures from the held-out details: the share of prompts answered with a tool
+    call and the share of calls that were valid, before and after.
+
+    >>> tool_figures([{"tool_calls": 1, "valid_tool_calls": 0}, {"tool_calls": 0, "valid_tool_calls": 0}],
+    ...              [{"tool_calls": 2, "valid_tool_calls": 2}, {"tool_calls": 1, "valid_tool_calls": 1}])
+    {'rl/tools/called_before': 0.5, 'rl/tools/call_validity_before': 0.0, 'rl/tools/called_after': 1.0, 'rl/tools/call_validity_after': 1.0}
+    """
+    out: dict = {}
+    for side, details in (("before", before), ("after", after)):
+        if not details or "tool_calls" not in details[0]:
+            continue
+        calls = sum(d["tool_calls"] for d in details)
+        out[f"rl/tools/called_{side}"] = round(sum(d["tool_calls"] > 0 for d in details) / len(details), 5)
+        out[f"rl/tools/call_validity_{side}"] = round(sum(d["valid_tool_calls"] for d in details) / calls, 5) \
+            if calls else None
+    return out
+
+
 def loss_settings(trainer: Any) -> dict:
     """What the run's policy loss was (those of these TRL config fields the trainer has), for run.json.
 
@@ -264,17 +352,20 @@ def loss_settings(trainer: Any) -> dict:
     return {f"rl/{name}": getattr(trainer, name) for name in fields if getattr(trainer, name, None) is not None}
 
 
-def is_correction(trainer: Any, backend: str) -> dict:
+def is_correction(trainer: Any, backend: str, *, on_server: bool = False) -> dict:
     """run.json's record of the importance-sampling correction for the engine/trainer mismatch: TRL's
-    mode where TRL's vLLM modes sample (TRL applies it and logs ``sampling/…``), else none (the HF
-    path samples from the policy itself; the vLLM-server path measures the gap, ``parity/…``, uncorrected).
+    mode where TRL applies it (and logs ``sampling/…``): its own vLLM modes, and the vLLM-server path
+    with ``async_`` (``on_server``, :func:`~smolforge.alignment.async_rollouts.enable_is_correction`);
+    else none (the HF path samples from the policy itself; the synchronous vLLM-server path measures
+    the gap, ``parity/…``, uncorrected).
 
     >>> from types import SimpleNamespace
     >>> t = SimpleNamespace(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
-    >>> is_correction(t, "trl-vllm"), is_correction(t, "vllm-server")
-    ({'rl/is_correction': 'token_truncate'}, {'rl/is_correction': 'none'})
+    >>> is_correction(t, "trl-vllm"), is_correction(t, "vllm-server"), is_correction(t, "vllm-server", on_server=True)
+    ({'rl/is_correction': 'token_truncate'}, {'rl/is_correction': 'none'}, {'rl/is_correction': 'token_truncate'})
     """
-    on = backend == "trl-vllm" and getattr(trainer, "vllm_importance_sampling_correction", False)
+    on = (backend == "trl-vllm" or (backend == "vllm-server" and on_server)) and \
+        getattr(trainer, "vllm_importance_sampling_correction", False)
     return {"rl/is_correction": getattr(trainer, "vllm_importance_sampling_mode", "on") if on else "none"}
 
 
@@ -303,12 +394,13 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
         recipe.trainer.reward_weights = weights            # TRL weighs the rewards' sum (or normalised sum) so
     backend = rollout_backend(recipe, parent.model_dir, has_rollout_hook=has_rollout_hook,
                               processes=process_state().num_processes)
+    check_async(recipe, backend, has_rollout_hook=has_rollout_hook, processes=process_state().num_processes)
     device = policy_device(local_device(), use_cpu=recipe.trainer.use_cpu)
     parents = [parent] + ([data_run] if data_run else [])
     fingerprints = lineage_fingerprints(parents, {"prompts": paths})
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
-        rollouts = None
+        rollouts = asynchronous = None
         try:
             if backend == "vllm-server":   # on CPU it boots while the policy loads; on a GPU it is ready first
                 from smolforge.generation.rollouts import ServerRollouts
@@ -319,35 +411,53 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             model = load_policy(parent.model_dir, device)
             with full_weights(model):
                 before, details_before = mean_reward(model, tokenizer, heldout, rewards, weights=weights,
-                                                     max_new_tokens=recipe.eval_max_new_tokens)
+                                                     max_new_tokens=recipe.eval_max_new_tokens, **heldout_tools(recipe))
             log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
             watch = ParityWatch(recipe.parity, stage)
-            rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer, watch) if rollouts else None
-            callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe),
-                         parity_callback(watch)]           # TRL's own vLLM modes log the gap themselves
+            callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
+            if backend == "trl-vllm":
+                callbacks.append(parity_callback(watch))   # TRL's own vLLM modes log the gap themselves
+            rollout_func = None
+            if rollouts is not None and recipe.async_ is not None:
+                from .async_rollouts import AsyncRollouts
+
+                asynchronous = AsyncRollouts(rollouts, tokenizer, recipe.trainer, recipe.async_, watch)
+                rollout_func = asynchronous.rollout
+                callbacks.append(asynchronous.callback())
+            elif rollouts is not None:
+                rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer, watch)
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, callbacks, rollout_func)
+            if asynchronous is not None:
+                asynchronous.attach(trainer)
             with profiler:
                 result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
             stopper.raise_if_stopped()
         finally:
+            if asynchronous is not None:
+                asynchronous.close()
             if rollouts is not None:
                 rollouts.stop()
         policy = trainer.accelerator.unwrap_model(trainer.model)
         with full_weights(policy):
             after, details = mean_reward(policy, tokenizer, heldout, rewards, weights=weights,
-                                         max_new_tokens=recipe.eval_max_new_tokens)
+                                         max_new_tokens=recipe.eval_max_new_tokens, **heldout_tools(recipe))
         save_trained(trainer, run, tokenizer)
         if not trainer.accelerator.is_main_process:
             return run
         write_jsonl(run.heldout_path,
                     [{"before": b, "after": a} for b, a in zip(details_before, details)])
         summary = {**train_summary(trainer, result), **profiler.metrics}
+        if summary["train/seconds"] > 0:
+            summary["rl/steps_per_s"] = round(summary["train/steps"] / summary["train/seconds"], 4)
         summary.update({"rl/heldout_reward_before": round(before, 5), "rl/heldout_reward_after": round(after, 5),
                         "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
                         "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0,
-                        **loss_settings(recipe.trainer), **watch.summary(), **is_correction(recipe.trainer, backend),
+                        **loss_settings(recipe.trainer), **watch.summary(),
+                        **is_correction(recipe.trainer, backend,
+                                        on_server=asynchronous is not None and asynchronous.is_mode != "none"),
+                        **(asynchronous.summary() if asynchronous is not None else {}),
                         **reward_figures(trainer.state.log_history, [fn.__name__ for fn in rewards],
-                                         details_before, details)})
+                                         details_before, details), **tool_figures(details_before, details)})
         if weights is not None:
             summary["rl/reward_weights"] = weights
         run.finish(metrics=summary)

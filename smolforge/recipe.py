@@ -318,6 +318,9 @@ def build(cls: type, data: Mapping[str, Any], source: str, prefix: str = "") -> 
     if not isinstance(data, Mapping):
         raise RecipeError(f"{source}: {where_self} must be a mapping of keys, got {data!r}")
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    aliases = {f.metadata["key"]: name for name, f in fields.items() if f.metadata.get("key")}
+    if aliases:   # a field whose YAML key is a Python keyword (``async`` → ``async_``) names it in its metadata
+        data = {aliases.get(key, key): value for key, value in data.items()}
     valid = list(fields)
     for key in data:
         if key not in fields:

@@ -92,7 +92,6 @@ def test_a_reward_function_with_the_wrong_length_is_named(runs, sft_run, data_ru
     ({"trainer": {**TINY_RL, "importance_sampling_level": "seq"}}, "must be token or sequence"),
     ({"parity": {"max_gap": 0}}, "parity.max_gap must be a positive number"),
     ({"tools": ["calculater"]}, "unknown tool 'calculater' (did you mean 'calculator'?)"),
-    ({"tools": ["calculator"]}, "has a chat template whose tool calls TRL cannot parse"),
     ({"rewards": [{"reward": "answer_match", "weight": 2}], "trainer": {**TINY_RL, "reward_weights": [1.0]}},
      "rewards: weights [2.0] beside the rewards and trainer.reward_weights [1.0] disagree"),
     ({"rewards": [{"length_penalty": {"max_tokens": 8, "buffer": 9}}]}, "0 < buffer <= max_tokens"),

@@ -43,4 +43,4 @@ def test_the_wheel_installs_namespaced_stages_and_their_suites_and_resists_a_sha
     assert ran.returncode == 0, ran.stderr[-2000:]
     first, suites = ran.stdout.splitlines()
     assert first == str(tmp_path / "site" / "smolforge" / "data" / "stage.py")
-    assert suites == "['embedded', 'longctx', 'redteam']"
+    assert suites == "['embedded', 'longctx', 'redteam', 'tools']"

@@ -190,3 +190,44 @@ def test_a_skipped_weight_sync_is_caught_at_the_next_step(runs, sft_run, data_ru
     logged = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     first = [row["parity/logprob_gap_mean"] for row in logged if "parity/logprob_gap_mean" in row]
     assert len(first) == 1 and first[0] < 1e-3             # step 1, sampled from the weights it trains: in parity
+
+
+@needs_vllm
+def test_async_grpo_trains_on_batches_sampled_one_step_ahead(runs, sft_run, data_run, policy_server, monkeypatch):
+    """GRPO with ``async_: {max_staleness: 1}`` on the vLLM server: each batch after the first is sampled while the
+    step before it trains, from weights one step old; TRL's importance-sampling correction takes the stale batches,
+    parity (the engine against the weights that sampled) stays in fp32 agreement although the policy moves."""
+    import threading
+
+    from transformers import AutoModelForCausalLM
+
+    from conftest import run_stage
+    from smolforge.generation import rollouts as rollouts_module
+
+    policy_server.sync(AutoModelForCausalLM.from_pretrained(sft_run.model_dir))   # the policy at step 0
+    lend(policy_server, monkeypatch)
+    monkeypatch.setattr(rollouts_module, "ServerRollouts", lambda *args, **kwargs: policy_server)
+    syncs = policy_server.syncs
+    run = run_stage("grpo", runs, name="grpo-async", parent=sft_run.name, data=data_run.name, generation="vllm",
+                    eval_max_new_tokens=4, parity={"max_gap": 0.01}, async_={"max_staleness": 1},
+                    rewards=["test_vllm_rollouts:even_token_reward"],
+                    trainer={"max_steps": 4, "per_device_train_batch_size": 8, "num_generations": 4,
+                             "max_completion_length": 8, "logging_steps": 1, "learning_rate": 1e-3})
+    assert run.status == "done" and run.metrics["rl/generation"] == "vllm-server"
+    steps = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    steps = [s for s in steps if "async/staleness" in s]
+    staleness = [s["async/staleness"] for s in steps]
+    assert [s["step"] for s in steps] == [1, 2, 3, 4] and staleness == [0, 1, 1, 1], staleness
+    assert all(0 <= s["async/overlap"] <= 1 and s["async/generate_s"] > 0 for s in steps)
+    # the engine agrees with the weights that sampled each batch; TRL's own gap (current policy vs engine) holds the drift
+    assert all(s["parity/logprob_gap_mean"] < 1e-3 for s in steps)
+    drift = [s["sampling/sampling_logp_difference/mean"] for s in steps]
+    assert drift[0] < 1e-3 and max(drift[1:]) > 0.01, drift
+    assert all("sampling/importance_sampling_ratio/mean" in s for s in steps)
+    m = run.metrics
+    assert m["rl/is_correction"] == "sequence_mask" and m["rl/async_max_staleness"] == 1
+    assert m["rl/async_staleness_max"] == 1 and m["rl/async_staleness_mean"] == 0.75 and m["rl/async_fallbacks"] == 0
+    assert 0 <= m["rl/async_overlap_mean"] <= 1 and m["rl/steps_per_s"] > 0
+    assert m["parity/steps_measured"] == 4 and m["parity/steps_over_max_gap"] == 0
+    assert 1 <= policy_server.syncs - syncs <= 3          # versions 1, 2, 3 pushed (at most), each once
+    assert not [t for t in threading.enumerate() if t.name == "async-rollouts"]
