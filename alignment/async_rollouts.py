@@ -1,10 +1,10 @@
 """Asynchronous GRPO rollouts with bounded staleness: the vLLM server samples the next batches while
 the trainer trains on this one.
 
-    smolforge grpo --config recipes/demo/grpo.yaml --set async_.max_staleness=1
+    smolforge grpo --config recipes/demo/grpo.yaml --set async.max_staleness=1
     .venv/bin/python bench/rl_async.py       # steps/s and held-out reward, synchronous vs asynchronous
 
-A GRPO recipe's ``async_: {max_staleness: N}`` (default off) on the ``vllm-server`` path (the CPU
+A GRPO recipe's ``async: {max_staleness: N}`` (default off) on the ``vllm-server`` path (the CPU
 build: :mod:`smolforge.generation.rollouts`, TRL's ``rollout_func`` hook). A worker thread generates
 generation batch k as soon as the trainer's weights are at a version v ≥ u_k − N, where u_k is the
 optimizer step that will train on it and a version is the ``global_step`` after which the weights
@@ -49,8 +49,13 @@ batch), ``async/generate_s`` (the worker's weight push and sampling), ``async/ov
 ``rl/async_staleness_max`` / ``_mean``, ``rl/async_overlap_mean``, ``rl/async_fallbacks``.
 
 On a GPU, with TRL's own vLLM modes, TRL's ``trl.experimental.async_grpo.AsyncGRPOTrainer`` is the
-route (it needs FlashAttention-3 and streams the weights over NCCL); smolforge refuses ``async_``
+route (it needs FlashAttention-3 and streams the weights over NCCL); smolforge refuses ``async``
 there. Single process only, no tools (TRL's tool loop regenerates through its own backends).
+
+The overlap needs cores the other side is not using: on 2 CPU cores shared by the server and the
+trainer the demo ran at 0.85× the synchronous steps/s; with the server's threads on one core and the
+trainer's on the other (``VLLM_CPU_OMP_THREADS_BIND=1 OMP_NUM_THREADS=1``) at 1.38× (N = 1) and
+1.49× (N = 2) (``bench/rl_async.py --staleness 1 2 --split``).
 
     >>> spec = AsyncSpec(max_staleness=1)
     >>> [may_generate(use_step=4, version=v, max_staleness=spec.max_staleness) for v in (2, 3, 4)]
@@ -74,7 +79,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AsyncSpec:
-    """The recipe's ``async_:`` block."""
+    """The recipe's ``async:`` block."""
 
     max_staleness: int = 1            # N: a batch may be sampled from weights up to N optimizer steps older than the
                                       #   step that trains on it; 0 = synchronous (no overlap)
@@ -84,11 +89,11 @@ class AsyncSpec:
         >>> AsyncSpec(max_staleness=-1).check()
         Traceback (most recent call last):
         ...
-        smolforge.errors.RecipeError: async_.max_staleness must be a whole number >= 0 (0: synchronous), got -1
+        smolforge.errors.RecipeError: async.max_staleness must be a whole number >= 0 (0: synchronous), got -1
         """
         n = self.max_staleness
         if isinstance(n, bool) or not isinstance(n, int) or n < 0:
-            raise RecipeError(f"async_.max_staleness must be a whole number >= 0 (0: synchronous), got {n!r}")
+            raise RecipeError(f"async.max_staleness must be a whole number >= 0 (0: synchronous), got {n!r}")
 
 
 def may_generate(use_step: int, version: int, max_staleness: int) -> bool:
@@ -185,7 +190,7 @@ def enable_is_correction(trainer: Any) -> str:
     """Turn TRL's vLLM importance-sampling correction on for a GRPOTrainer whose rollouts come from
     ``rollout_func``: TRL applies it (and logs ``sampling/…``) only where ``use_vllm`` is set. Every
     other use of ``use_vllm`` in the trainer after ``__init__`` is in its own generation path (not taken
-    with a ``rollout_func``) or its tool loop (refused with ``async_``). Returns the mode, or "none"
+    with a ``rollout_func``) or its tool loop (refused with ``async``). Returns the mode, or "none"
     where the recipe turned the correction off.
 
     >>> from types import SimpleNamespace

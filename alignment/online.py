@@ -19,7 +19,7 @@ policy (``vllm-server``: TRL's ``rollout_func`` hook, weights reloaded in place 
 optimizer step, :mod:`smolforge.generation.rollouts`); RLOO has
 no such hook in TRL and generates with HF there. Elsewhere, HF ``generate``.
 
-``async_: {max_staleness: N}`` (GRPO on the ``vllm-server`` path) samples the next batches while the
+``async: {max_staleness: N}`` (GRPO on the ``vllm-server`` path) samples the next batches while the
 trainer trains, from weights at most N steps old, with TRL's importance-sampling correction on
 (:mod:`smolforge.alignment.async_rollouts`); off by default.
 
@@ -72,8 +72,8 @@ class OnlineRecipe:
 
     def __post_init__(self) -> None:
         if self.async_ is not None and not hasattr(self, "trainer"):   # PPO: its own loop, no TRL trainer
-            raise RecipeError("async_: asynchronous rollouts are for GRPO (TRL's rollout hook on the vLLM server); "
-                              "this stage samples and trains in turn: drop async_")
+            raise RecipeError("async: asynchronous rollouts are for GRPO (TRL's rollout hook on the vLLM server); "
+                              "this stage samples and trains in turn: drop async:")
 
 
 def online_defaults(**overrides) -> dict:
@@ -173,7 +173,7 @@ def rollout_backend(recipe, model_dir, *, has_rollout_hook: bool, processes: int
 
 
 def check_async(recipe, backend: str, *, has_rollout_hook: bool, processes: int = 1) -> None:
-    """RecipeError when the recipe's ``async_`` cannot run with the rollout ``backend`` (before any run exists).
+    """RecipeError when the recipe's ``async:`` cannot run with the rollout ``backend`` (before any run exists).
 
     >>> from types import SimpleNamespace
     >>> trainer = SimpleNamespace(vllm_importance_sampling_correction=True, loss_type="dapo", vllm_mode="colocate")
@@ -182,32 +182,32 @@ def check_async(recipe, backend: str, *, has_rollout_hook: bool, processes: int 
     >>> check_async(recipe, "hf", has_rollout_hook=False)
     Traceback (most recent call last):
     ...
-    smolforge.errors.RecipeError: async_: asynchronous rollouts need TRL's rollout_func hook on smolforge's vLLM server, which only GRPO has (this stage's TRL trainer has none): drop async_
+    smolforge.errors.RecipeError: async: asynchronous rollouts need TRL's rollout_func hook on smolforge's vLLM server, which only GRPO has (this stage's TRL trainer has none): drop async:
     """
     spec = getattr(recipe, "async_", None)
     if spec is None:
         return
     spec.check()
     if backend == "trl-vllm":
-        raise RecipeError("async_: smolforge's asynchronous rollouts run on its vLLM server (the CPU path); with TRL's "
+        raise RecipeError("async: smolforge's asynchronous rollouts run on its vLLM server (the CPU path); with TRL's "
                           f"own vLLM {recipe.trainer.vllm_mode} mode on a GPU use TRL's AsyncGRPOTrainer "
-                          "(trl.experimental.async_grpo: FlashAttention-3, weights over NCCL), or drop async_")
+                          "(trl.experimental.async_grpo: FlashAttention-3, weights over NCCL), or drop async:")
     if not has_rollout_hook:
-        raise RecipeError("async_: asynchronous rollouts need TRL's rollout_func hook on smolforge's vLLM server, "
-                          "which only GRPO has (this stage's TRL trainer has none): drop async_")
+        raise RecipeError("async: asynchronous rollouts need TRL's rollout_func hook on smolforge's vLLM server, "
+                          "which only GRPO has (this stage's TRL trainer has none): drop async:")
     if getattr(recipe, "tools", None):
-        raise RecipeError("async_: not with tools (TRL's tool-call loop regenerates through its own backends): "
-                          "drop async_ or tools")
+        raise RecipeError("async: not with tools (TRL's tool-call loop regenerates through its own backends): "
+                          "drop async: or tools")
     if processes > 1:
-        raise RecipeError(f"async_: the vLLM server path serves one process, this run has {processes}: drop async_")
+        raise RecipeError(f"async: the vLLM server path serves one process, this run has {processes}: drop async:")
     if backend != "vllm-server":
-        raise RecipeError(f"async_: asynchronous rollouts sample from smolforge's vLLM server, but this run "
+        raise RecipeError(f"async: asynchronous rollouts sample from smolforge's vLLM server, but this run "
                           f"generates with {backend} (generation: {recipe.generation}; the server needs vLLM's CPU "
-                          "build and a head size its CPU attention supports): drop async_")
+                          "build and a head size its CPU attention supports): drop async:")
     trainer = recipe.trainer
     if (getattr(trainer, "loss_type", None) == "vespo" and trainer.vllm_importance_sampling_correction
             and trainer.vllm_importance_sampling_mode not in ("token_truncate", "token_mask")):
-        raise RecipeError("async_ with trainer.loss_type vespo: TRL's importance-sampling correction needs "
+        raise RecipeError("async: with trainer.loss_type vespo: TRL's importance-sampling correction needs "
                           "trainer.vllm_importance_sampling_mode token_truncate or token_mask there")
 
 
@@ -355,7 +355,7 @@ def loss_settings(trainer: Any) -> dict:
 def is_correction(trainer: Any, backend: str, *, on_server: bool = False) -> dict:
     """run.json's record of the importance-sampling correction for the engine/trainer mismatch: TRL's
     mode where TRL applies it (and logs ``sampling/…``): its own vLLM modes, and the vLLM-server path
-    with ``async_`` (``on_server``, :func:`~smolforge.alignment.async_rollouts.enable_is_correction`);
+    with ``async`` (``on_server``, :func:`~smolforge.alignment.async_rollouts.enable_is_correction`);
     else none (the HF path samples from the policy itself; the synchronous vLLM-server path measures
     the gap, ``parity/…``, uncorrected).
 

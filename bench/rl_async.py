@@ -1,15 +1,21 @@
 """GRPO on the demo with synchronous vs asynchronous rollouts (vLLM server): steps/s and held-out reward,
 same step budget, same seed, in one run.
 
-    .venv/bin/python bench/rl_async.py                              # sync vs async_ max_staleness 1, 30 steps, 2 rounds
-    .venv/bin/python bench/rl_async.py --staleness 1 2 0 --split    # also with the server and the trainer on own cores
+    .venv/bin/python bench/rl_async.py                              # sync vs async max_staleness 1, 40 steps, 2 rounds
+    .venv/bin/python bench/rl_async.py --staleness 1 2 --split      # N = 1, 2; also with server and trainer on own cores
     .venv/bin/python bench/rl_async.py --runs-dir /tmp/bench-runs   # builds data → pretrain → SFT there if missing
 
 Each variant is the demo GRPO recipe (recipes/demo/grpo.yaml) from the demo SFT model, run as its own
 process (``smolforge grpo --config … --set trainer.max_steps=S --set trainer.logging_steps=1``), the
-asynchronous ones with ``--set async_.max_staleness=N`` (smolforge.alignment.async_rollouts); the
-baseline is the synchronous path (no ``async_``). Every variant must roll out through the vLLM server
-(``rl/generation: vllm-server``), or the comparison says nothing. Rounds alternate the order.
+asynchronous ones with ``--set async.max_staleness=N`` (smolforge.alignment.async_rollouts); the
+baseline is the synchronous path (no ``async``). Every variant must roll out through the vLLM server
+(``rl/generation: vllm-server``), or the comparison says nothing. Rounds alternate the order. A
+missing ``sft-demo`` is built in ``--runs-dir`` from the demo recipes, its SFT step starting from
+``pretrain-demo`` (the tests' chain, without the long-context step).
+
+``--split`` runs every variant a second time with the vLLM server's OpenMP threads bound to the last
+core and the trainer's on the others (``VLLM_CPU_OMP_THREADS_BIND``, ``OMP_NUM_THREADS``): on a small
+CPU the overlap has no idle core to use otherwise, and the two sides slow each other down.
 
 steps/s is measured from metrics.jsonl's step times after ``--warmup`` steps (the server's start and
 the first batches left out); the whole-run figure (``rl/steps_per_s``) is printed too. The held-out
@@ -88,7 +94,7 @@ def run_variant(runs_dir: Path, staleness: int | None, split: bool, steps: int, 
     name = f"grpo-{label(staleness, split).replace(' ', '-')}-r{round_}"
     sets = [f"name={name}", f"trainer.seed={seed}", f"trainer.max_steps={steps}", "trainer.logging_steps=1"]
     if staleness is not None:
-        sets.append(f"async_.max_staleness={staleness}")
+        sets.append(f"async.max_staleness={staleness}")
     started = time.perf_counter()
     stage(runs_dir, split_env() if split else {}, "grpo", "--config", str(DEMO / "grpo.yaml"),
           *[a for s in sets for a in ("--set", s)], "--overwrite")
@@ -110,8 +116,8 @@ def run_variant(runs_dir: Path, staleness: int | None, split: bool, steps: int, 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs-dir", default="runs", help="where sft-demo lives (built there if missing)")
-    parser.add_argument("--staleness", nargs="+", type=int, default=[1], help="async_.max_staleness values")
-    parser.add_argument("--steps", type=int, default=30, help="the step budget of every variant")
+    parser.add_argument("--staleness", nargs="+", type=int, default=[1], help="async.max_staleness values")
+    parser.add_argument("--steps", type=int, default=40, help="the step budget of every variant")
     parser.add_argument("--warmup", type=int, default=3, help="steps left out of steps/s")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=2)

@@ -151,20 +151,20 @@ def test_async_is_refused_where_it_cannot_run(backend, hook, changes, processes,
     with pytest.raises(RecipeError, match=message):
         check_async(recipe(**changes), backend, has_rollout_hook=hook, processes=processes)
     check_async(recipe(async_=None, **{k: v for k, v in changes.items() if k != "async_"}), backend,
-                has_rollout_hook=hook, processes=processes)                      # without async_: no objection
+                has_rollout_hook=hook, processes=processes)                      # without async: no objection
 
 
 def test_the_recipe_field_is_built_and_checked():
     from conftest import tiny_recipe
 
-    built = tiny_recipe("grpo", async_={"max_staleness": 2})
+    built = tiny_recipe("grpo", **{"async": {"max_staleness": 2}})
     assert built.async_ == AsyncSpec(max_staleness=2) and tiny_recipe("grpo").async_ is None
     with pytest.raises(RecipeError, match="max_staleness must be >= 0"):
-        tiny_recipe("grpo", async_={"max_staleness": -1})
+        tiny_recipe("grpo", **{"async": {"max_staleness": -1}})
     with pytest.raises(RecipeError, match="max_staleness' must be an int"):
-        tiny_recipe("grpo", async_={"max_staleness": 1.5})
+        tiny_recipe("grpo", **{"async": {"max_staleness": 1.5}})
     with pytest.raises(RecipeError, match="asynchronous rollouts are for GRPO"):
-        tiny_recipe("ppo", async_={"max_staleness": 1})
+        tiny_recipe("ppo", **{"async": {"max_staleness": 1}})
 
 
 def test_the_yaml_key_is_async():

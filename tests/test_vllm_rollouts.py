@@ -194,7 +194,7 @@ def test_a_skipped_weight_sync_is_caught_at_the_next_step(runs, sft_run, data_ru
 
 @needs_vllm
 def test_async_grpo_trains_on_batches_sampled_one_step_ahead(runs, sft_run, data_run, policy_server, monkeypatch):
-    """GRPO with ``async_: {max_staleness: 1}`` on the vLLM server: each batch after the first is sampled while the
+    """GRPO with ``async: {max_staleness: 1}`` on the vLLM server: each batch after the first is sampled while the
     step before it trains, from weights one step old; TRL's importance-sampling correction takes the stale batches,
     parity (the engine against the weights that sampled) stays in fp32 agreement although the policy moves."""
     import threading
@@ -209,7 +209,7 @@ def test_async_grpo_trains_on_batches_sampled_one_step_ahead(runs, sft_run, data
     monkeypatch.setattr(rollouts_module, "ServerRollouts", lambda *args, **kwargs: policy_server)
     syncs = policy_server.syncs
     run = run_stage("grpo", runs, name="grpo-async", parent=sft_run.name, data=data_run.name, generation="vllm",
-                    eval_max_new_tokens=4, parity={"max_gap": 0.01}, async_={"max_staleness": 1},
+                    eval_max_new_tokens=4, parity={"max_gap": 0.01}, **{"async": {"max_staleness": 1}},
                     rewards=["test_vllm_rollouts:even_token_reward"],
                     trainer={"max_steps": 4, "per_device_train_batch_size": 8, "num_generations": 4,
                              "max_completion_length": 8, "logging_steps": 1, "learning_rate": 1e-3})
