@@ -102,6 +102,7 @@ def check_tools(recipe: Recipe, runs: Runs) -> None:
 
     from trl.chat_template_utils import add_response_schema, supports_tool_calling
 
+    from smolforge.generation.tool_loop import parses_calls
     from smolforge.generation.tools import resolve_tools
 
     from .common import model_parent
@@ -111,7 +112,7 @@ def check_tools(recipe: Recipe, runs: Runs) -> None:
     if not supports_tool_calling(tokenizer):
         raise RecipeError(f"tools: the parent '{recipe.parent}' has a chat template that does not render tool "
                           "calls and tool answers; use a model with a tool-calling template or drop tools:")
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+    if not parses_calls(tokenizer):
         try:
             add_response_schema(copy.deepcopy(tokenizer))
         except Exception as err:  # noqa: BLE001 - TRL's own words on why it cannot parse tool calls here

@@ -122,12 +122,13 @@ def evaluate_tool_suite(run: Run, ref: str | Path = "tools", *, limit: int | Non
     from transformers import AutoModelForCausalLM
 
     from smolforge.generation.prompts import load_tokenizer
+    from smolforge.generation.tool_loop import parses_calls
 
     if not (run.model_dir / "config.json").is_file():
         raise RunError(f"run '{run.name}' (stage {run.stage}) has no model/ to evaluate")
     suite = load_tool_suite(ref)
     tokenizer = load_tokenizer(run.model_dir)
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+    if not parses_calls(tokenizer):
         try:
             from trl.chat_template_utils import add_response_schema
 

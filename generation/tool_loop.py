@@ -31,9 +31,15 @@ from smolforge.errors import RecipeError
 from .hf import HFSampler
 from .tools import TOOLS, resolve_tools
 
-__all__ = ["ToolTranscript", "tool_schemas", "check_call", "run_call", "answer_with_tools"]
+__all__ = ["ToolTranscript", "tool_schemas", "check_call", "run_call", "parses_calls", "answer_with_tools"]
 
 CALL_OPEN = "<tool_call>"
+
+
+def parses_calls(tokenizer) -> bool:
+    """Whether ``tokenizer`` can read tool calls back (a ``response_template``, or the legacy ``response_schema``)."""
+    return getattr(tokenizer, "response_template", None) is not None or \
+        getattr(tokenizer, "response_schema", None) is not None
 
 
 def tool_schemas(tools: Sequence[Any]) -> list[dict]:
@@ -123,7 +129,7 @@ def answer_with_tools(model, tokenizer, prompts: Sequence[list], tools: Sequence
     with that turn (its calls checked, not run; no final text). Needs a tokenizer whose chat template renders tools and
     which can parse its own tool calls (``response_template`` / ``response_schema``).
     """
-    if getattr(tokenizer, "response_template", None) is None and getattr(tokenizer, "response_schema", None) is None:
+    if not parses_calls(tokenizer):
         raise RecipeError("answering with tools needs a tokenizer that can parse tool calls (response_template); "
                           "the demo tokenizer has one, TRL's add_response_schema sets it for SmolLM3/Qwen/Llama")
     schemas = tool_schemas(tools)
