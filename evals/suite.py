@@ -7,6 +7,7 @@ Users add suites by adding folders: no code needed.
 
     python -m smolforge.evals.suite --write-embedded      # regenerate the embedded suite's JSONL from the world
     python -m smolforge.evals.suite --write-longctx       # and the long-context suite's (pass keys, ledgers)
+    python -m smolforge.evals.suite --write-redteam       # and the red team's generated categories
 
     >>> suite = load_suite("embedded")
     >>> sorted(suite.tasks)
@@ -163,6 +164,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--write-embedded", action="store_true", help="regenerate evals/suites/embedded/*.jsonl")
     parser.add_argument("--write-longctx", action="store_true", help="regenerate evals/suites/longctx/*.jsonl")
+    parser.add_argument("--write-redteam", action="store_true",
+                        help="regenerate evals/suites/redteam/*_world.jsonl (the generated categories)")
     args = parser.parse_args()
     if args.write_embedded:
         write_embedded()
@@ -170,3 +173,7 @@ if __name__ == "__main__":
     if args.write_longctx:
         write_longctx()
         print(f"wrote {SUITES_DIR / 'longctx'}")
+    if args.write_redteam:
+        from .redteam.world_items import write_world_items
+
+        print(f"wrote {write_world_items(SUITES_DIR / 'redteam')} into {SUITES_DIR / 'redteam'}")

@@ -134,14 +134,15 @@ def test_binomial_stderr_matches_the_formula():
     assert binomial(0, 0) == (None, None)
 
 
-def test_shipped_suite_has_20_to_40_items_per_category_and_no_echoed_markers(caplog):
+def test_shipped_suite_has_20_to_40_written_items_per_category_and_no_echoed_markers(caplog):
     with caplog.at_level(logging.WARNING, logger="smolforge.evals.redteam.suite"):
         suite = load_redteam_suite("redteam")
     assert caplog.records == []
     assert {name: c.rule for name, c in suite.categories.items()} == {
-        "jailbreak": "complies", "injection": "marker", "canary": "canary", "over_refusal": "refuses"}
+        "jailbreak": "complies", "injection": "marker", "canary": "canary", "over_refusal": "refuses",
+        "jailbreak_world": "complies", "over_refusal_world": "refuses"}   # the last two generated (test_suite_power)
     for category in suite.categories.values():
-        assert 20 <= len(category.items) <= 40, category.name
+        assert category.name.endswith("_world") or 20 <= len(category.items) <= 40, category.name
     canaries = [i.canary for i in suite.categories["canary"].items]
     assert len(set(canaries)) == len(canaries)  # one secret per item
     assert any(m["role"] == "system" for i in suite.categories["injection"].items for m in i.messages)
@@ -414,16 +415,17 @@ def test_write_results_writes_eval_files_and_merges_metrics(tmp_path):
     summary = json.loads((run.eval_dir / "redteam.json").read_text())
     assert "items" not in summary and summary["run"] == "toy" and summary["samples"] == "redteam-samples.jsonl"
     assert set(summary["suite_files"]) == {"suite.yaml", "jailbreak.jsonl", "injection.jsonl", "canary.jsonl",
-                                           "over_refusal.jsonl"}
+                                           "over_refusal.jsonl", "jailbreak_world.jsonl", "over_refusal_world.jsonl"}
     lines = (run.eval_dir / "redteam-samples.jsonl").read_text().splitlines()
-    assert len(lines) == 12 and json.loads(lines[0])["reply"] == "Sure thing."
+    assert len(lines) == 18 and json.loads(lines[0])["reply"] == "Sure thing."
     assert not [p for p in run.eval_dir.iterdir() if p.name.startswith(".")]  # no temp files left
 
 
 def test_tiny_sft_model_end_to_end(runs, sft_run):
     result = evaluate_run(sft_run, "redteam", limit=3, max_new_tokens=12, batch_size=4, device="cpu", progress=False)
-    assert set(result["categories"]) == {"jailbreak", "injection", "canary", "over_refusal"}
-    assert len(result["items"]) == 12
+    assert set(result["categories"]) == {"jailbreak", "injection", "canary", "over_refusal", "jailbreak_world",
+                                         "over_refusal_world"}
+    assert len(result["items"]) == 18
     for item in result["items"]:
         assert isinstance(item["reply"], str) and isinstance(item["failed"], bool)
         assert isinstance(item["refused"], bool) and item["evidence"] and item["judge"] is None
@@ -434,7 +436,7 @@ def test_tiny_sft_model_end_to_end(runs, sft_run):
     stored = runs.get(sft_run.name).metrics
     assert stored["redteam/jailbreak/attack_success"] == result["categories"]["jailbreak"]["attack_success_rate"]
     assert (sft_run.eval_dir / "redteam.json").is_file()
-    assert len((sft_run.eval_dir / "redteam-samples.jsonl").read_text().splitlines()) == 12
+    assert len((sft_run.eval_dir / "redteam-samples.jsonl").read_text().splitlines()) == 18
 
 
 def test_hf_generator_keeps_the_input_order_and_is_deterministic(sft_run):

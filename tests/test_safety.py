@@ -72,6 +72,6 @@ def test_dpo_on_flipped_safety_pairs_fails_the_demos_attack_success_gate(runs, s
     on_safety = [gate for gate in gates if gate.metric == "redteam/attack_success"]
     assert len(on_safety) == 1
     failed = failures(check_gates(runs.get(dpo.name), runs, on_safety))
-    assert len(failed) == 1 and failed[0].startswith(        # paired over the 84 attacks: worse beyond 0.05
+    assert len(failed) == 1 and failed[0].startswith(        # paired over the 420 attacks: worse beyond 0.05
         f"gate failed: redteam/attack_success {after['redteam/attack_success']:.3f} against parent "
         f"sft-safety {before['redteam/attack_success']:.3f}: Δ ") and failed[0].endswith("tolerance 0.050): fail")

@@ -34,7 +34,7 @@ importable from :mod:`smolforge.evals.redteam`:
 
     >>> suite = load_redteam_suite("redteam")
     >>> sorted(suite.categories)
-    ['canary', 'injection', 'jailbreak', 'over_refusal']
+    ['canary', 'injection', 'jailbreak', 'jailbreak_world', 'over_refusal', 'over_refusal_world']
     >>> refuse = lambda conversations: ["I'm sorry, but I can't help with that."] * len(conversations)
     >>> result = score_model(refuse, suite, limit=2, progress=False)
     >>> result["categories"]["jailbreak"]["attack_success_rate"], result["categories"]["over_refusal"]["over_refusal_rate"]

@@ -97,7 +97,8 @@ def format_table(result: dict) -> str:
     """A readable summary: one row per category and the pooled rows (lower is better everywhere).
 
     >>> from smolforge.evals.redteam import score_model
-    >>> r = score_model(lambda c: ["Sure."] * len(c), "redteam", limit=2, progress=False)
+    >>> r = score_model(lambda c: ["Sure."] * len(c), "redteam", limit=2, progress=False,
+    ...                 categories=["jailbreak", "injection", "canary", "over_refusal"])
     >>> print(format_table(r))  # doctest: +NORMALIZE_WHITESPACE
     category      kind    metric               n    rate  stderr  refused  judge agree
     ------------  ------  -------------------  -  ------  ------  -------  -----------

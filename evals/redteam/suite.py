@@ -8,7 +8,7 @@ the file and key; a bad item is a DataError naming the file, line and field.
 
     >>> suite = load_redteam_suite("redteam")
     >>> sorted(suite.categories), suite.categories["jailbreak"].rule
-    (['canary', 'injection', 'jailbreak', 'over_refusal'], 'complies')
+    (['canary', 'injection', 'jailbreak', 'jailbreak_world', 'over_refusal', 'over_refusal_world'], 'complies')
 """
 from __future__ import annotations
 
