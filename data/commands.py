@@ -28,7 +28,7 @@ def _prepare(args: argparse.Namespace, extras: list[str], ctx: Context) -> int:
 
 
 def register(cli: Commands) -> None:
-    cli.stage(StageSpec("data", "smolforge.data.stage",
+    cli.stage(StageSpec("data", "smolforge.data.stage", seed_key="world.seed",
                         example="smolforge data prepare recipes/demo/data.yaml --set name=data-mine"),
               arguments=_arguments, handler=_prepare, config_required=False)
     cli.summary(hide=["data/*"])

@@ -7,6 +7,11 @@ A task's primary metric is the one the eval stage wrote a random baseline for
 (``<task>/<metric>/random`` in run.json), so the table needs nothing but run.json and
 metrics.jsonl. One column per run, one row per figure; a figure no run has is left out.
 
+A seeds run (``--seeds``, :mod:`smolforge.seeds`) shows each score as ``mean ± sd (n=…)`` over its
+seeds, and every run after the first gets a row ``<score> Δ vs <first>``: the difference of the
+means ± its standard error (``sqrt(sd²/n + sd'²/n')``; a single run is given the other side's sd),
+wherever one side has seeds.
+
     >>> import tempfile
     >>> runs = Runs(tempfile.mkdtemp())
     >>> with runs.start("sft", "sft-a", recipe={}) as a:
@@ -32,6 +37,7 @@ from typing import Any
 
 from smolforge.errors import RunError
 from smolforge.runs import Run, Runs, wall_seconds
+from smolforge.seeds import compare_spreads, metric_spread, spread_cell
 from smolforge.table import render_table
 
 __all__ = ["read_metrics", "primary_scores", "training_figures", "compare_data", "compare_table",
@@ -99,13 +105,18 @@ def primary_scores(metrics: dict) -> dict[str, dict]:
 
 
 def score_cell(score: dict | None) -> str | None:
-    """``0.729 ± 0.046`` (or ``0.729`` without a stderr; None without a score).
+    """``0.729 ± 0.046`` (or ``0.729`` without a stderr; None without a score); on a seeds run
+    ``0.729 ± 0.020 (n=3)``: mean ± sd over the seeds.
 
     >>> score_cell({"value": 0.729, "stderr": 0.0456}), score_cell({"value": 1.0, "stderr": None})
     ('0.729 ± 0.046', '1.000')
+    >>> score_cell({"value": 0.729, "stderr": 0.0456, "sd": 0.02, "n": 3})
+    '0.729 ± 0.020 (n=3)'
     """
     if not score:
         return None
+    if score.get("n"):
+        return spread_cell({"mean": score["value"], "sd": score.get("sd"), "n": score["n"]})
     text = f"{score['value']:.3f}"
     if score.get("stderr") is not None:
         text += f" ± {score['stderr']:.3f}"
@@ -186,10 +197,26 @@ def compare_data(runs: Runs, names: list[str]) -> dict:
         raise RunError("compare needs at least one run name")
     items = []
     for run in _find(runs, list(names)):
+        scores = primary_scores(run.metrics)
+        for key, score in scores.items():
+            stats = metric_spread(run, key)
+            if stats:   # a seeds run: the spread over its seeds
+                score.update(sd=stats["sd"], n=stats["n"])
         items.append({"name": run.name, "stage": run.stage, "status": run.status,
-                      "parents": run.parents, "scores": primary_scores(run.metrics),
-                      "figures": training_figures(run)})
+                      "parents": run.parents, "scores": scores, "figures": training_figures(run)})
+    first = items[0]
+    for item in items[1:]:
+        for key, score in item["scores"].items():
+            base = first["scores"].get(key)
+            if base is not None and (score.get("n") or base.get("n")):
+                result = compare_spreads(_side(score), _side(base), tolerance=0.0, higher_is_better=True)
+                score["vs_first"] = {"run": first["name"], "difference": result.difference,
+                                     "stderr": result.stderr}
     return {"root": str(runs.root), "runs": items}
+
+
+def _side(score: dict) -> dict:
+    return {"mean": score["value"], "sd": score.get("sd"), "n": score.get("n") or 1}
 
 
 def compare_table(runs: Runs, names: list[str]) -> str:
@@ -209,6 +236,10 @@ def compare_table(runs: Runs, names: list[str]) -> str:
     for key, random in keys.items():
         label = key if random is None else f"{key} (random {random:.3f})"
         rows.append([label, *(score_cell(i["scores"].get(key)) for i in items)])
+        moves = [(i["scores"].get(key) or {}).get("vs_first") for i in items]
+        if any(moves):   # seeds on a side: the difference of the means from the first run, ± its stderr
+            rows.append([f"{key} Δ vs {items[0]['name']}",
+                         *(None if m is None else f"{m['difference']:+.3f} ± {m['stderr']:.3f}" for m in moves)])
     for label in items[0]["figures"]:
         values = [i["figures"].get(label) for i in items]
         if any(v is not None for v in values):

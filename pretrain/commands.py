@@ -11,6 +11,6 @@ from smolforge.commands import Commands, StageSpec
 
 
 def register(cli: Commands) -> None:
-    cli.stage(StageSpec("pretrain", "smolforge.pretrain.stage", makes_model=True, trains=True,
+    cli.stage(StageSpec("pretrain", "smolforge.pretrain.stage", makes_model=True, trains=True, seed_key="train.seed",
                         example="smolforge pretrain --config recipes/demo/pretrain.yaml --set name=pretrain-mine",
                         lr_find="smolforge.ops.lr_find.pretrain"))

@@ -240,6 +240,9 @@ def add_stage_parser(sub, command: StageCommand, dotted: str, formatter) -> argp
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override a recipe key, e.g. trainer.max_steps=20 (repeatable)")
     parser.add_argument("--overwrite", action="store_true", help="replace the run if it already exists")
+    parser.add_argument("--seeds", metavar="N|S,S,...",
+                        help="run the stage once per seed (N: seeds 0..N-1; or the seeds listed) as runs NAME-seedS, "
+                        "then NAME with mean ± sd of every metric (stages with a seed)")
     parser.add_argument("--result-json", help=argparse.SUPPRESS)  # written for the pipeline runner
     parser.set_defaults(handler=command.handler or _plain_stage, takes_extras=True)
     return parser

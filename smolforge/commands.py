@@ -78,6 +78,8 @@ class StageSpec:
     example: str | None = None     # shown under --help
     lr_find: str | None = None     # dotted module whose lr_find(recipe, runs, sweep) runs
                                    # `smolforge lr-find` on this stage's recipes (smolforge.ops.lr_find)
+    seed_key: str | None = None    # where its recipe keeps its seed ("trainer.seed"): `--seeds` and a pipeline
+                                   # step's `seeds:` set it per run (smolforge.seeds); None: it has no seed
 
 
 @dataclasses.dataclass

@@ -17,7 +17,13 @@ into ``eval/``, :mod:`smolforge.item_scores`), an ``against`` rule compares the 
 ``confidence`` (0.95 unless given): *pass* (within the tolerance with that confidence), *fail* (worse
 beyond it with that confidence) or *inconclusive* (the suite cannot tell at its size), which counts as
 ``inconclusive: fail`` (the default) or ``pass``. Without per-item scores (runs scored before they were
-written, a metric no suite scores per item) the rule compares the two values, as before, and says so. Gates sit on pipeline steps
+written, a metric no suite scores per item) the rule compares the two values, as before, and says so.
+
+**Seeds.** Where a run is a seeds run (``--seeds``, a pipeline step's ``seeds:``; :mod:`smolforge.seeds`),
+its value is the mean over the seeds and the spread decides instead: an ``against`` rule judges the
+difference of the means with its standard error (a single run on the other side is given the seeds'
+sd), ``min``/``max`` judge the mean's own interval, each at ``confidence`` with the same pass / fail /
+inconclusive verdicts. Gates sit on pipeline steps
 (see :mod:`smolforge.pipeline`); a failing gate fails the step. A metric the run does not have
 is a failing gate whose message lists the metrics that do exist.
 
@@ -45,6 +51,7 @@ from smolforge.item_scores import item_scores
 from smolforge.paired import compare
 from smolforge.recipe import check_keys
 from smolforge.runs import Run, Runs
+from smolforge.seeds import check_bound, compare_spreads, metric_spread, read_seeds
 
 __all__ = ["GATE_KEYS", "Gate", "GateResult", "parse_gates", "check_gates", "failures"]
 
@@ -63,8 +70,8 @@ class Gate:
     max_rise: float | None = None    # with against: value <= reference + max_rise
     min: float | None = None         # value >= min
     max: float | None = None         # value <= max
-    confidence: float | None = None  # paired verdicts' confidence (0.95 when unset)
-    inconclusive: str | None = None  # what a paired "inconclusive" counts as: fail (unset) | pass
+    confidence: float | None = None  # paired and seed verdicts' confidence (0.95 when unset)
+    inconclusive: str | None = None  # what a paired or seed "inconclusive" counts as: fail (unset) | pass
 
     def describe(self) -> str:
         """The rule in words.
@@ -165,8 +172,6 @@ def _parse_one(spec: Any, where: str) -> Gate:
     inconclusive = spec.get("inconclusive")
     if inconclusive is not None and inconclusive not in INCONCLUSIVE:
         raise RecipeError(f"{where}: 'inconclusive' must be one of {', '.join(INCONCLUSIVE)}, got {inconclusive!r}")
-    if (confidence is not None or inconclusive is not None) and against is None:
-        raise RecipeError(f"{where}: 'confidence' and 'inconclusive' apply to paired rules: give 'against'")
     return Gate(metric=metric.strip(), against=None if against is None else against.strip(), **nums,
                 confidence=confidence, inconclusive=inconclusive)
 
@@ -212,10 +217,14 @@ def _parents(run: Run) -> list[Run]:
 
 
 def _nearest_with(run: Run, metric: str) -> tuple[Run | None, list[str]]:
-    """Breadth-first up the lineage: the nearest ancestor holding ``metric``, and who was looked at."""
+    """Breadth-first up the lineage: the nearest ancestor holding ``metric``, and who was looked at.
+    A seeds run's parents are its own seed runs: the walk starts above them."""
     seen = {run.path.resolve()}
     looked: list[str] = []
     frontier = [run]
+    if read_seeds(run) is not None:
+        frontier = _parents(run)
+        seen |= {seed.path.resolve() for seed in frontier}
     while frontier:
         nxt = []
         for node in frontier:
@@ -251,6 +260,15 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
     passes: list[str] = []
     paired: list[dict] = []
     reference = ref_name = None
+    spread = metric_spread(run, gate.metric)   # a seeds run: mean, sd and n over its seeds
+    confidence = gate.confidence or 0.95
+
+    def judged(result, what: str) -> None:   # a paired or seed verdict, as the gate counts it
+        paired.append(result.to_dict())
+        ok = result.verdict == "pass" or (result.verdict == "inconclusive" and gate.inconclusive == "pass")
+        counted = f" (counted as {gate.inconclusive or 'fail'})" if result.verdict == "inconclusive" else ""
+        (passes if ok else problems).append(f"{what}: {result.describe()}{counted}")
+
     if gate.against is not None:
         if gate.against == "parent":
             ref_run, looked = _nearest_with(run, gate.metric)
@@ -270,29 +288,35 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
                                   value, reference_run=ref_run.name)
             label = ref_run.name
         reference, ref_name = float(ref_run.metrics[gate.metric]), ref_run.name
-        pairs = _pairs(run, ref_run, gate.metric)
+        ref_spread = metric_spread(ref_run, gate.metric)
+        pairs = None if spread or ref_spread else _pairs(run, ref_run, gate.metric)
         for key, higher_is_better, sign in (("max_drop", True, "-"), ("max_rise", False, "+")):
             tolerance = getattr(gate, key)
             if tolerance is None:
                 continue
+            what = f"{gate.metric} {value:.3f} against {label} {reference:.3f}"
+            if spread or ref_spread:   # seeds on one side or both: the difference of means and its noise
+                judged(compare_spreads(spread or {"mean": value, "sd": None, "n": 1},
+                                       ref_spread or {"mean": reference, "sd": None, "n": 1}, tolerance=tolerance,
+                                       higher_is_better=higher_is_better, confidence=confidence), what)
+                continue
             if pairs is not None:
-                result = compare(pairs[0], pairs[1], tolerance=tolerance, higher_is_better=higher_is_better,
-                                 confidence=gate.confidence or 0.95)
-                paired.append(result.to_dict())
-                ok = result.verdict == "pass" or (result.verdict == "inconclusive" and gate.inconclusive == "pass")
-                counted = f" (counted as {gate.inconclusive or 'fail'})" if result.verdict == "inconclusive" else ""
-                (passes if ok else problems).append(f"{gate.metric} {value:.3f} against {label} {reference:.3f}: "
-                                                    f"{result.describe()}{counted}")
+                judged(compare(pairs[0], pairs[1], tolerance=tolerance, higher_is_better=higher_is_better,
+                               confidence=confidence), what)
                 continue
             ok = value >= reference - tolerance - _EPS if higher_is_better else value <= reference + tolerance + _EPS
             relation = (">=" if ok else "<") if higher_is_better else ("<=" if ok else ">")
             (passes if ok else problems).append(
                 f"{gate.metric} {value:.3f} {relation} {label} {reference:.3f} {sign} {tolerance:.3f} "
                 "(unpaired)")
-    if gate.min is not None:
+    for bound, at_least in ((gate.min, True), (gate.max, False)):
+        if bound is not None and spread:
+            judged(check_bound(spread, bound, at_least=at_least, confidence=confidence),
+                   f"{gate.metric} {value:.3f} against {'min' if at_least else 'max'} {bound:.3f}")
+    if gate.min is not None and not spread:
         ok = value >= gate.min - _EPS
         (passes if ok else problems).append(f"{gate.metric} {value:.3f} {'>=' if ok else '<'} min {gate.min:.3f}")
-    if gate.max is not None:
+    if gate.max is not None and not spread:
         ok = value <= gate.max + _EPS
         (passes if ok else problems).append(f"{gate.metric} {value:.3f} {'<=' if ok else '>'} max {gate.max:.3f}")
     if problems:

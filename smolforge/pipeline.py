@@ -10,6 +10,8 @@ A pipeline file::
       - recipe: pretrain.yaml     #   a path plus overrides
         set: {trainer.max_steps: 300}
       - {stage: sft, name: sft-x, parent: pretrain-demo}   # an inline stage recipe
+      - recipe: sft.yaml          #   seeds: N (or [0, 7, 9]): the step once per seed, then the spread
+        seeds: 3
       - recipe: dpo.yaml          #   any step may carry promotion gates
         gates:
           - {metric: instruct/exact_match, against: parent, max_drop: 0.01}
@@ -42,6 +44,15 @@ other (their evals after each; a step's failing gates stop the process there): a
 short runs of one stage, or the demo's steps up to GRPO, pay the imports once (``smolforge ablate``
 sets it).
 
+Seeds (``seeds:``, a step-level key next to ``recipe``/``set``, or a key of an inline step, on a
+step with a ``name`` whose stage has a seed) run the step once per seed, each an ordinary step
+writing run ``NAME-seedS`` (the stage's seed key set: :mod:`smolforge.seeds`) with the evals that
+follow a model step, and then write the seeds run ``NAME`` in this process: the mean of every
+metric over the seeds (the evals' scores included) and ``seeds.json`` with mean, sd and n; its
+other entries link to the first seed's, so a later step naming ``NAME`` as its parent starts from
+the first seed's model. The step's gates are checked on ``NAME`` with the spread
+(:mod:`smolforge.gates`), and the summary shows each score there as ``mean ± sd (n=…)``.
+
 Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
 step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
 are validated with the rest of the pipeline before the first step starts, and checked on the
@@ -73,12 +84,13 @@ from typing import Any, TextIO
 
 import yaml
 
-from smolforge.errors import RecipeError, RunError
+from smolforge.errors import RecipeError, RunError, SmolforgeError
 from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
 from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command, remove_shm_buffers
 from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
 from smolforge.processes import exit_text, free_port, run_showing_output
 from smolforge.registry import EVAL_STAGE, commands, model_stages, stages, training_stages, unknown_stage_message
+from smolforge import seeds as seeding
 from smolforge.runs import Run, RunLayout, Runs, utc_now, wall_seconds, write_json_atomic
 from smolforge.table import print_table
 
@@ -86,7 +98,7 @@ __all__ = ["Step", "Pipeline", "load_pipeline", "run_pipeline", "summary", "scor
 
 PIPELINE_KEYS = ("pipeline", "eval", "launch", "share_process")
 REPORTED_ERROR = re.compile(r"^(\[rank\d+\]: )?[A-Za-z_.]*(Error|Exception|Interrupt): ")
-STEP_KEYS = ("recipe", "set", "gates", "launch")
+STEP_KEYS = ("recipe", "set", "gates", "launch", "seeds")
 
 
 @dataclasses.dataclass
@@ -100,11 +112,22 @@ class Step:
     gates: list[Gate] = dataclasses.field(default_factory=list)  # checked once this step is done
     gates_of: Step | None = None   # the model step whose gates this eval step carries
     launch: LaunchSpec | None = None  # processes and launcher; None: one process
+    seed_spec: Any = None          # the step's ``seeds:`` as written (expanded by load_pipeline)
+    seeds: SeedPlan | None = None  # set on the step that writes the seeds run over its seed steps' runs
 
     @property
     def name(self) -> str | None:
         name = self.recipe.get("name")
         return None if name is None else str(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedPlan:
+    """The seed steps a seeds run sums up: the seed key, the seeds and their runs, in order."""
+
+    key: str
+    seeds: list[int]
+    runs: list[str]
 
 
 @dataclasses.dataclass
@@ -164,7 +187,7 @@ def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
         recipe = load_yaml(path)
         return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path))
     if isinstance(item, dict) and "recipe" in item:
-        check_keys(item, STEP_KEYS, where, "a step with 'recipe' takes: recipe, set, gates, launch")
+        check_keys(item, STEP_KEYS, where, "a step with 'recipe' takes: recipe, set, gates, launch, seeds")
         path = base / str(item["recipe"])
         recipe = load_yaml(path)
         sets = item.get("set") or {}
@@ -177,13 +200,15 @@ def _load_step(item: Any, n: int, base: Path, source: str) -> Step:
             raise RecipeError(f"{where}: 'set' must be a mapping of key.path: value")
         gates = parse_gates(item.get("gates"), f"{where} gates")
         launch = LaunchSpec.parse(item["launch"], where, base) if "launch" in item else None
-        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path), gates, launch=launch)
+        return Step(f"step {n}", _stage_of(recipe, str(path)), recipe, str(path), gates, launch=launch,
+                    seed_spec=item.get("seeds"))
     if isinstance(item, dict) and "stage" in item:
         recipe = copy.deepcopy(item)
         gates = parse_gates(recipe.pop("gates", None), f"{where} gates")
         launch = recipe.pop("launch", None)
         launch = LaunchSpec.parse(launch, where, base) if launch is not None else None
-        return Step(f"step {n}", _stage_of(recipe, where), recipe, where, gates, launch=launch)
+        seed_spec = recipe.pop("seeds", None)
+        return Step(f"step {n}", _stage_of(recipe, where), recipe, where, gates, launch=launch, seed_spec=seed_spec)
     raise RecipeError(
         f"{where} must be a recipe path, {{recipe: PATH, set: {{key: value}}, gates: [...]}} "
         f"or an inline recipe with a 'stage' key; got {item!r}"
@@ -262,6 +287,7 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
         if stage == EVAL_STAGE:
             eval_recipes = [apply_overrides(r, [override], "--set") for r in eval_recipes]
 
+    steps = _expand_seeds(steps, source)
     seen: dict[str, str] = {}
     for step in steps:
         if step.name is not None and step.name in seen:
@@ -275,6 +301,34 @@ def load_pipeline(path: str | Path, sets: Iterable[str] = ()) -> Pipeline:
     if not isinstance(share, bool):
         raise RecipeError(f"{source}: share_process must be true or false, got {share!r}")
     return Pipeline(path, steps, eval_recipes, share_process=share)
+
+
+def _expand_seeds(steps: list[Step], source: str) -> list[Step]:
+    """Each step with ``seeds:`` becomes one step per seed (run ``NAME-seedS``, no gates) and the step
+    that writes the seeds run ``NAME`` (with the gates); RecipeError for a bad ``seeds:``, a stage
+    without a seed, or a step without a name."""
+    out: list[Step] = []
+    for step in steps:
+        if step.seed_spec is None:
+            out.append(step)
+            continue
+        where = f"{source}: pipeline {step.label}"
+        chosen = seeding.parse_seeds(step.seed_spec, f"{where} seeds")
+        try:
+            key = seeding.seed_key(step.stage)
+        except RecipeError as err:
+            raise RecipeError(f"{where}: seeds: {err}") from None
+        if step.name is None:
+            raise RecipeError(f"{where}: a step with seeds: needs a name (its runs are NAME-seedS, and NAME holds "
+                              "the spread)")
+        names = []
+        for seed in chosen:
+            recipe = seeding.seeded_recipe(step.recipe, key, seed, step.name, f"{where} seeds")
+            out.append(dataclasses.replace(step, label=f"{step.label} seed {seed}", recipe=recipe, gates=[],
+                                           seed_spec=None))
+            names.append(recipe["name"])
+        out.append(dataclasses.replace(step, launch=None, seed_spec=None, seeds=SeedPlan(key, chosen, names)))
+    return out
 
 
 # --------------------------------------------------------------------------- running
@@ -403,6 +457,8 @@ def _joins(step: Step) -> bool:
     """Whether ``step`` may share a process with the steps before and after it (``share_process``):
     a data step or a model step that carries its evals, on one rank. The batch checks a gated step's
     gates itself and stops there when one fails (a data step's gates need its name to do so)."""
+    if step.seeds is not None:   # a seeds run is written by the pipeline's own process
+        return False
     one_rank_data = step.stage == "data" and step.launch is None and (step.name is not None or not step.gates)
     return carries_its_evals(step) or one_rank_data
 
@@ -471,6 +527,10 @@ def run_pipeline(
         ready: list[tuple[Step, StepResult]] = []
         carrying: set[int] = set()      # model steps whose evals are already queued (they share its process)
         while queue or ready:
+            if not ready and queue[0].seeds is not None:   # the seeds run over the seed steps just done
+                step = queue.pop(0)
+                ready = [(step, _write_seeds_run(step, root, overwrite=overwrite,
+                                                 out=sys.stderr if as_json else out))]
             if not ready:   # the next step (with its evals), or the next evals of one model together
                 group, carried = _next_group(queue, pipeline)
                 carrying.update(id(step) for step in carried)
@@ -485,7 +545,8 @@ def run_pipeline(
             if result.code != 0:
                 _print_summary(summary(done, root), as_json, out)
                 raise RunError(_step_failure(step, result, root))
-            if step.stage in model_stages() and pipeline.evals and name and id(step) not in carrying:
+            if (step.stage in model_stages() and pipeline.evals and name and id(step) not in carrying
+                    and step.seeds is None):
                 follows = pipeline.eval_steps(step, name)
                 follows[-1].gates, follows[-1].gates_of = step.gates, step  # gates wait for every score
                 queue[:0] = follows
@@ -503,6 +564,22 @@ def run_pipeline(
     rows = summary(done, root, verdicts)
     _print_summary(rows, as_json, out)
     return rows
+
+
+def _write_seeds_run(step: Step, root: Path, *, overwrite: bool, out: TextIO) -> StepResult:
+    """Write the seeds run of ``step`` over its seed steps' runs (:func:`smolforge.seeds.aggregate`)."""
+    assert step.seeds is not None and step.name is not None
+    runs = Runs(root)
+    try:
+        seed_runs = [runs.get(name) for name in step.seeds.runs]
+        run = seeding.aggregate(runs, step.name, seed_runs, step.seeds.seeds, step.seeds.key, overwrite=overwrite)
+    except SmolforgeError as exc:
+        line = f"{type(exc).__name__}: {exc}"
+        print(line, file=sys.stderr)
+        return StepResult(2, step.name, [line])
+    print(seeding.seeds_table(seeding.read_seeds(run) or {}), file=out)
+    out.flush()
+    return StepResult(0, run.name, [])
 
 
 def _step_failure(step: Step, result: StepResult, root: Path) -> str:
@@ -586,16 +663,26 @@ def summary(done: list[tuple[Step, str | None]], root: Path,
             "tokens": metrics.get("train/tokens"),
             "metrics": metrics,
         })
+        record = seeding.read_seeds(Run(Path(root) / name, info)) if info else None
+        if record:   # a seeds run: each metric's mean, sd and n over the seeds
+            rows[-1]["seeds"] = record.get("metrics") or {}
         if name in pending:
             rows[-1]["gates"] = [r.to_dict() for r in pending.pop(name)]
     return rows
 
 
-def _score_cell(metrics: dict, key: str) -> str | None:
+def _score_cell(metrics: dict, key: str, spread: dict | None = None) -> str | None:
+    """The score (``mean ± sd (n=…)`` on a seeds run) and the task's random baseline.
+
+    >>> _score_cell({"a/acc": 0.5, "a/acc/random": 0.25}, "a/acc", {"a/acc": {"mean": 0.5, "sd": 0.02, "n": 3}})
+    '0.500 ± 0.020 (n=3) (rnd 0.250)'
+    """
     value = metrics.get(key)
     if value is None:
         return None
-    text = f"{value:.3f}" if isinstance(value, float) else str(value)
+    stats = (spread or {}).get(key)
+    text = (seeding.spread_cell(stats) if stats and stats.get("n", 0) > 1
+            else f"{value:.3f}" if isinstance(value, float) else str(value))
     baseline = metrics.get(f"{key}/random")  # written by the eval stage for a task's primary metric
     if isinstance(baseline, (int, float)) and not isinstance(baseline, bool):
         text += f" (rnd {baseline:.3f})"
@@ -630,7 +717,7 @@ def _print_summary(rows: list[dict], as_json: bool, out: TextIO) -> None:
     headers = ["stage", "run", "status", "wall s", "tokens", *cols, *(["gates"] if gated else [])]
     table = [
         [r["stage"], r["run"], r["status"], r["wall_s"], r["tokens"],
-         *(_score_cell(r["metrics"], c) for c in cols), *([_gates_cell(r)] if gated else [])]
+         *(_score_cell(r["metrics"], c, r.get("seeds")) for c in cols), *([_gates_cell(r)] if gated else [])]
         for r in shown
     ]
     print(file=out)

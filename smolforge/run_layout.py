@@ -45,6 +45,8 @@ LAYOUT: dict[str, Entry] = {
                       "checkpoint audits (`audit/`)", "eval, redteam, audit"),
     "report_path": Entry("report.html", "the human-readable report (self-contained)", "eval"),
     "gates_path": Entry("gates.json", "the promotion gates' verdicts on this run", "pipeline"),
+    "seeds_path": Entry("seeds.json", "a seeds run's seeds, seed runs and mean, sd, n and values of every numeric "
+                        "metric over them (its other entries link to the first seed's)", "`--seeds`, pipeline `seeds:`"),
     "data_dir": Entry("data/", "processed rows: `data/<kind>/part-*.jsonl` shards", "data, annotate (`data/prefs/`), "
                       "synth (`data/sft/`, `data/prefs/`)"),
     "data_card_path": Entry("data_card.json", "the data card: counts, tokens, domains, mixture, fingerprints", "data"),
@@ -116,6 +118,7 @@ class RunLayout:
     eval_dir = _At()
     report_path = _At()
     gates_path = _At()
+    seeds_path = _At()
     data_dir = _At()
     data_card_path = _At()
     data_card_md_path = _At()
