@@ -438,14 +438,17 @@ def spread_cell(stats: dict | None) -> str | None:
 
     >>> spread_cell({"mean": 0.52, "sd": 0.02, "n": 3}), spread_cell({"mean": 1638400.0, "sd": 0.0, "n": 2})
     ('0.520 ± 0.020 (n=3)', '1,638,400 ± 0 (n=2)')
+    >>> spread_cell({"mean": 0.52, "sd": None, "n": 1})
+    '0.520 (n=1)'
     """
     if not stats:
         return None
     mean, sd, n = stats["mean"], stats.get("sd"), stats["n"]
     small = abs(mean) < 10 and (sd is None or sd < 10)
     mean_text = f"{mean:.3f}" if small else _figure(mean)
-    sd_text = "?" if sd is None else f"{sd:.3f}" if small else _figure(sd)
-    return f"{mean_text} ± {sd_text} (n={n})"
+    if sd is None:   # one seed: no spread to show
+        return f"{mean_text} (n={n})"
+    return f"{mean_text} ± {sd:.3f} (n={n})" if small else f"{mean_text} ± {_figure(sd)} (n={n})"
 
 
 def seeds_table(record: dict) -> str:
