@@ -20,6 +20,8 @@ from smolforge.recipe import FRACTION, to_dict
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
 
+from .eval_watch import check_eval_watch, eval_watch
+
 
 @dataclass
 class LoraSpec:
@@ -325,6 +327,7 @@ def validate_inputs(stage: str, recipe, runs: Runs) -> list:
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
     model_parent(runs, recipe.parent)
+    check_eval_watch(recipe)
     paths, _ = resolve_data(recipe.data, runs, kind)
     return validated_rows(paths, schema, keep=True)
 
@@ -389,6 +392,7 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
+        callbacks.append(watcher := eval_watch(run, recipe))
         if eval_fraction > 0:
             train_rows, eval_rows = split_heldout(rows, eval_fraction, recipe.trainer.seed)
             trainer = make_trainer(parent.model_dir, Dataset.from_list(train_rows), tokenizer, callbacks,
@@ -396,9 +400,10 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
         else:
             trainer = make_trainer(parent.model_dir, Dataset.from_list(rows), tokenizer, callbacks)
         check_exportable(trainer, export is not None)
-        with profiler:
+        with profiler, watcher:
             result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
         stopper.raise_if_stopped()
+        watcher.conclude(trainer)
         save_trained(trainer, run, tokenizer, export)
         summary = {**train_summary(trainer, result), **profiler.metrics}
         if summarize is not None:

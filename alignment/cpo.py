@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from trl.import_utils import TRLExperimentalWarning
 
 from smolforge.errors import RecipeError
+from smolforge.eval_watch import EvalWhileTraining
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
@@ -57,6 +58,8 @@ class Recipe:
     trainer: CPOConfig = field(default_factory=lambda: CPOConfig(**defaults()["trainer"]))  # any CPOConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    eval_while_training: EvalWhileTraining = field(default_factory=EvalWhileTraining)  # {every: N, suites, stop_on}:
+                                      #   checkpoints scored while training; a breach stops it (smolforge.eval_watch)
 
 
 def check_loss(trainer: CPOConfig) -> None:

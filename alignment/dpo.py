@@ -51,6 +51,7 @@ from pathlib import Path
 from trl import DPOConfig
 
 from smolforge.errors import RecipeError
+from smolforge.eval_watch import EvalWhileTraining
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs, is_run
 
@@ -82,6 +83,8 @@ class Recipe:
     trainer: DPOConfig = field(default_factory=lambda: DPOConfig(**defaults()["trainer"]))  # any trl.DPOConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    eval_while_training: EvalWhileTraining = field(default_factory=EvalWhileTraining)  # {every: N, suites, stop_on}:
+                                      #   checkpoints scored while training; a breach stops it (smolforge.eval_watch)
 
 
 def dpo_loss_types() -> list[str]:

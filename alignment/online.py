@@ -35,6 +35,7 @@ from typing import Any
 
 from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError
+from smolforge.eval_watch import EvalWhileTraining
 from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
@@ -42,6 +43,7 @@ from smolforge.tracking import TrackingSpec
 from smolforge.generation.prompts import load_tokenizer
 
 from .async_rollouts import AsyncSpec
+from .eval_watch import check_eval_watch, eval_watch
 from .logprob_parity import ParitySpec, ParityWatch, parity_callback
 from .common import (check_tracking, lineage_fingerprints, load_trainable, model_parent, quiet_tracking, run_logger,
                      split_heldout, step_profiler, train_summary, trainer_defaults)
@@ -64,6 +66,8 @@ class OnlineRecipe:
     generation: str = "auto"          # rollout backend: auto, hf or vllm (see smolforge.generation.backends)
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    eval_while_training: EvalWhileTraining = field(default_factory=EvalWhileTraining)  # {every: N, suites, stop_on}:
+                                      #   checkpoints scored while training; a breach stops it (smolforge.eval_watch)
     parity: ParitySpec = field(default_factory=ParitySpec)  # vLLM rollouts: engine-vs-trainer log-prob gap per step,
                                       #   max_gap (nats/token) and on_breach: stop | warn (smolforge.alignment.logprob_parity)
     async_: AsyncSpec | None = field(default=None, metadata={"key": "async"})  # {max_staleness: N}: GRPO on the vLLM
@@ -216,6 +220,7 @@ def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> No
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
     recipe.parity.check()
+    check_eval_watch(recipe)
     model_dir = model_parent(runs, recipe.parent).model_dir
     backend, _ = _choose_rollouts(recipe, model_dir, has_rollout_hook)
     check_async(recipe, backend, has_rollout_hook=has_rollout_hook)
@@ -415,6 +420,7 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             log.info("%s: held-out reward of the parent policy %.3f on %d prompts", stage, before, len(heldout))
             watch = ParityWatch(recipe.parity, stage)
             callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
+            callbacks.append(watcher := eval_watch(run, recipe))
             if backend == "trl-vllm":
                 callbacks.append(parity_callback(watch))   # TRL's own vLLM modes log the gap themselves
             rollout_func = None
@@ -429,9 +435,10 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, callbacks, rollout_func)
             if asynchronous is not None:
                 asynchronous.attach(trainer)
-            with profiler:
+            with profiler, watcher:
                 result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
             stopper.raise_if_stopped()
+            watcher.conclude(trainer)
         finally:
             if asynchronous is not None:
                 asynchronous.close()

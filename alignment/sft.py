@@ -33,6 +33,7 @@ from trl import SFTConfig
 from smolforge.attention import check_choice
 from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError, RunError
+from smolforge.eval_watch import EvalWhileTraining
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
 
@@ -74,6 +75,8 @@ class Recipe:
     trainer: SFTConfig = field(default_factory=lambda: SFTConfig(**defaults()["trainer"]))  # any trl.SFTConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    eval_while_training: EvalWhileTraining = field(default_factory=EvalWhileTraining)  # {every: N, suites, stop_on}:
+                                      #   checkpoints scored while training; a breach stops it (smolforge.eval_watch)
 
 
 def pretraining_lr(runs: Runs, ref: str) -> float | None:

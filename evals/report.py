@@ -7,9 +7,10 @@ run's header (stage, status, parents, wall time, abbreviated data fingerprints),
 verdicts (``gates.json``, written by the pipeline), the eval scores of each task's primary metric
 with ±1 stderr error bars against the random baseline, the same scores along the lineage (this run
 and every ancestor that has them: a grouped bar chart and a table), the training curves of
-metrics.jsonl (loss, learning rate, reward, KL, ... whichever numeric series exist, grouped) and
-the run's summary metrics and recipe. A missing piece (no metrics.jsonl, no evals, no scored
-ancestor) is a short note, not an error.
+metrics.jsonl (loss, learning rate, reward, KL, ... whichever numeric series exist, grouped), the
+scores of checkpoints evaluated while training (``eval_while_training:``, with its ``stop_on`` rules and
+where a breach stopped the run) and the run's summary metrics and recipe. A missing piece (no
+metrics.jsonl, no evals, no scored ancestor) is a short note, not an error.
 
     >>> import tempfile
     >>> runs = Runs(tempfile.mkdtemp())
@@ -33,14 +34,15 @@ from typing import Any
 from smolforge.errors import RunError
 from smolforge.pipeline import score_columns
 from smolforge.runs import Run, RunLayout, Runs, atomic_writer, utc_now, wall_seconds
-from smolforge.svg_plot import Layout, Series, bar_chart
+from smolforge.svg_plot import Layout, Mark, Series, bar_chart
 from smolforge.svg_plot import line_chart as draw_lines
 
 from .compare import primary_scores, read_metrics, score_cell, training_figures
 
-__all__ = ["write_report", "render_report", "lineage_runs", "curve_groups", "line_chart", "bar_chart"]
+__all__ = ["write_report", "render_report", "lineage_runs", "curve_groups", "watch_groups", "line_chart", "bar_chart"]
 
 MAX_SERIES_PER_PLOT = 8
+WATCH_PREFIX = "eval/"   # metrics.jsonl keys of checkpoints scored while training (smolforge.eval_watch): own section
 
 # metrics.jsonl keys that are counters or end-of-training summaries, not curves
 _NOT_CURVES = {"step", "time", "epoch", "num_tokens", "num_input_tokens_seen", "tokens", "train_runtime",
@@ -113,7 +115,7 @@ def curve_groups(records: list[dict]) -> list[tuple[str, dict[str, list[tuple[fl
         step = _num(record.get("step"))
         x = float(i) if step is None else step
         for key, value in record.items():
-            if key in _NOT_CURVES or _num(value) is None:
+            if key in _NOT_CURVES or str(key).startswith(WATCH_PREFIX) or _num(value) is None:
                 continue
             series.setdefault(str(key), []).append((x, float(value)))
     grouped: dict[str, dict[str, list[tuple[float, float]]]] = {}
@@ -382,6 +384,76 @@ def _curves_section(run: Run, records: list[dict]) -> str:
     return "".join(parts)
 
 
+def watch_groups(records: list[dict]) -> list[tuple[str, dict[str, list[tuple[float, float]]]]]:
+    """The scores of the checkpoints scored while training (``eval/<metric>`` rows of metrics.jsonl,
+    :mod:`smolforge.eval_watch`), one plot per suite or task: ``[(title, {metric: [(step, value)]})]``;
+    stderr, random baselines and timings left out.
+
+    >>> watch_groups([{"step": 10, "eval/redteam/attack_success": 0.0, "eval/redteam/attack_success/stderr": 0.0},
+    ...               {"step": 12, "loss": 1.0}, {"step": 20, "eval/redteam/attack_success": 0.5,
+    ...                                            "eval/redteam/seconds": 3.1, "eval/returned_at_step": 24}])
+    [('redteam', {'redteam/attack_success': [(10.0, 0.0), (20.0, 0.5)]})]
+    """
+    grouped: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for record in records:
+        step = _num(record.get("step"))
+        for key, value in record.items():
+            name = str(key)
+            if (step is None or not name.startswith(WATCH_PREFIX) or name.endswith(("/stderr", "/random", "seconds"))
+                    or name == "eval/returned_at_step" or _num(value) is None):
+                continue
+            metric = name[len(WATCH_PREFIX):]
+            grouped.setdefault(metric.split("/", 1)[0], {}).setdefault(metric, []).append((step, float(value)))
+    return list(grouped.items())
+
+
+def _stop_rules(run: Run) -> list:
+    """The recipe's ``eval_while_training.stop_on`` rules (none when unreadable)."""
+    from smolforge.errors import RecipeError
+    from smolforge.gates import parse_gates
+
+    spec = (run.info.get("recipe") or {}).get("eval_while_training") or {}
+    try:
+        return parse_gates(spec.get("stop_on") or [], "stop_on") if isinstance(spec, dict) else []
+    except RecipeError:
+        return []
+
+
+def _watch_section(run: Run, records: list[dict]) -> str:
+    groups = watch_groups(records)
+    stopped = run.info.get("stopped_by")
+    stopped = stopped if isinstance(stopped, dict) else None
+    if not groups and stopped is None:
+        return ""
+    parts = ["<h2>Evaluation while training</h2>",
+             _note("Checkpoints scored in a separate process while training went on (eval_while_training:); "
+                   "x is the step of the checkpoint scored, red lines are the stop_on rules.")]
+    if stopped is not None:
+        parts.append(f'<p class="fail">stopped at step {_esc(stopped.get("stopped_at"))}: '
+                     f'{_esc(stopped.get("message"))}</p>')
+    rules = _stop_rules(run)
+    charts = []
+    for title, series in groups:
+        lines = [Series(name, points) for name, points in list(series.items())[:MAX_SERIES_PER_PLOT]]
+        xs = [x for points in series.values() for x, _ in points]
+        lo, hi = min(xs), max(xs + ([float(stopped["stopped_at"])] if stopped and _num(stopped.get("stopped_at"))
+                                      is not None else []))
+        hi = hi if hi > lo else lo + 1
+        for gate in rules:
+            for rule in ("max", "min"):
+                threshold = getattr(gate, rule)
+                if gate.metric in series and threshold is not None:
+                    lines.append(Series(f"stop_on {gate.metric} {rule} {threshold:g}", [(lo, threshold), (hi, threshold)],
+                                        color="#d62728", width=1.0, markers=False))
+        marks = [Mark(f"stopped at step {stopped['stopped_at']}", float(stopped["stopped_at"]), "#d62728")] \
+            if stopped is not None and _num(stopped.get("stopped_at")) is not None else []
+        charts.append(draw_lines(f"{title} (while training)", lines, xlabel="checkpoint step", x_range=(lo, hi),
+                                 marks=marks))
+    if charts:
+        parts.append('<div class="plots">' + "".join(charts) + "</div>")
+    return "".join(parts)
+
+
 def _summary_section(run: Run, records: list[dict]) -> str:
     figures = training_figures(run, records)
     scored = set(score_columns([run.metrics]))
@@ -412,6 +484,7 @@ def render_report(run: Run, runs: Runs) -> str:
         _eval_section(run),
         _lineage_section(run, runs),
         _curves_section(run, records),
+        _watch_section(run, records),
         _summary_section(run, records),
         f"<h2>Recipe</h2><details><summary>resolved recipe</summary><pre>{_esc(recipe)}</pre></details>",
         f'<p class="note">generated {_esc(utc_now())} by smolforge</p>',

@@ -43,6 +43,9 @@ LAYOUT: dict[str, Entry] = {
                              "training stages"),
     "eval_dir": Entry("eval/", "scores per suite (`<suite>.json`, `<suite>-samples.jsonl`), red-team results, "
                       "checkpoint audits (`audit/`)", "eval, redteam, audit"),
+    "eval_watch_dir": Entry("eval/while_training/", "checkpoints scored during training (`eval_while_training:`): "
+                            "`step-N/`, a run-shaped folder each (run.json with the scores, `eval/`; `model/` hard "
+                            "links while it is scored), its log `step-N.log`, and `worker.log`", "training stages"),
     "report_path": Entry("report.html", "the human-readable report (self-contained)", "eval"),
     "gates_path": Entry("gates.json", "the promotion gates' verdicts on this run", "pipeline"),
     "seeds_path": Entry("seeds.json", "a seeds run's seeds, seed runs and mean, sd, n and values of every numeric "
@@ -116,6 +119,7 @@ class RunLayout:
     metrics_path = _At()
     checkpoints_dir = _At()
     eval_dir = _At()
+    eval_watch_dir = _At()
     report_path = _At()
     gates_path = _At()
     seeds_path = _At()
