@@ -6,12 +6,14 @@
 """
 from __future__ import annotations
 
+import contextlib
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from smolforge.determinism import DeterminismSpec, check_spec
 from smolforge.errors import RecipeError, RunError
 from smolforge.generation.prompts import load_tokenizer
 from smolforge.model_folder import check_model_folder
@@ -138,6 +140,11 @@ def lineage_fingerprints(parents: list[Run], own: dict[str, list[Path]]) -> dict
 def quiet_tracking() -> TrackingSpec:
     """The TRL stages' default ``tracking:``: metrics.jsonl only, until a recipe names a reporter."""
     return TrackingSpec(report_to=["none"])
+
+
+def check_determinism(recipe) -> None:
+    """RecipeError, before any run exists, when the recipe's ``determinism:`` cannot be applied."""
+    check_spec(getattr(recipe, "determinism", None) or DeterminismSpec())
 
 
 def check_tracking(recipe) -> None:
@@ -326,6 +333,7 @@ def validate_inputs(stage: str, recipe, runs: Runs) -> list:
     kind, schema = STAGE_DATA[stage]
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
+    check_determinism(recipe)
     model_parent(runs, recipe.parent)
     check_eval_watch(recipe)
     paths, _ = resolve_data(recipe.data, runs, kind)
@@ -359,6 +367,26 @@ def split_heldout(rows: list, fraction: float, seed: int) -> tuple[list, list]:
     return [rows[i] for i in order[:cut]], [rows[i] for i in order[cut:]]
 
 
+@contextlib.contextmanager
+def reproducible_training(run: Run, recipe, seed: int, *, cuda: bool | None = None,
+                          nondeterministic: tuple[dict, ...] = ()):
+    """The recipe's ``determinism:`` (:func:`smolforge.determinism.reproducible`) around a stage's model
+    building and training, its record in run.json's metrics (``determinism/*``, main process only);
+    ``nondeterministic``: the parts it cannot fix (:func:`smolforge.determinism.nondeterministic`).
+    A GPU run is one where the trainer does not train on the CPU (``trainer.use_cpu``)."""
+    from smolforge.determinism import as_metrics, reproducible
+
+    from .ranks import process_state
+
+    if cuda is None:
+        cuda = cuda_available() and not getattr(getattr(recipe, "trainer", None), "use_cpu", False)
+    with reproducible(getattr(recipe, "determinism", None), seed, cuda=cuda) as record:
+        record["nondeterministic"].extend(nondeterministic)
+        if process_state().is_main_process:
+            run.update_metrics(as_metrics(record))
+        yield record
+
+
 def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
                       overwrite: bool = False, summarize: Callable[[Any], dict] | None = None,
                       eval_fraction: float = 0.0, export: Callable[[Any, Run], Any] | None = None,
@@ -389,7 +417,8 @@ def train_from_parent(stage: str, recipe, runs: Runs, make_trainer: Callable[...
     tokenizer = load_tokenizer(parent.model_dir)
     if prepare is not None:
         rows = prepare(rows, tokenizer)
-    with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
+    with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from), \
+            reproducible_training(run, recipe, recipe.trainer.seed):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         callbacks = [run_logger(run, recipe), stopper := stop_on_request(), profiler := step_profiler(run, recipe)]
         callbacks.append(watcher := eval_watch(run, recipe))

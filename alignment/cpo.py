@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from trl.import_utils import TRLExperimentalWarning
 
 from smolforge.errors import RecipeError
+from smolforge.determinism import DeterminismSpec
 from smolforge.eval_watch import EvalWhileTraining
 from smolforge.profiling import ProfileSpec
 from smolforge.runs import Run, Runs
@@ -60,6 +61,7 @@ class Recipe:
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
     eval_while_training: EvalWhileTraining = field(default_factory=EvalWhileTraining)  # {every: N, suites, stop_on}:
                                       #   checkpoints scored while training; a breach stops it (smolforge.eval_watch)
+    determinism: DeterminismSpec = field(default_factory=DeterminismSpec)  # seed, fixed threads, deterministic kernels (null: on for CPU runs)
 
 
 def check_loss(trainer: CPOConfig) -> None:

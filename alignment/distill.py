@@ -28,12 +28,13 @@ from typing import Any
 from trl import DistillationConfig
 
 from smolforge.errors import RecipeError
+from smolforge.determinism import DeterminismSpec
 from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.recipe import FRACTION
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
 
-from .common import check_tracking, quiet_tracking, trainer_defaults
+from .common import check_determinism, check_tracking, quiet_tracking, trainer_defaults
 from .distill_math import DIVERGENCES
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,7 @@ class Recipe:
     chat_prompts: bool = False        # plain-text prompts become a user turn (both models need a chat template)
     tracking: TrackingSpec = field(default_factory=quiet_tracking)
     profile: ProfileSpec = field(default_factory=ProfileSpec)
+    determinism: DeterminismSpec = field(default_factory=DeterminismSpec)  # seed, fixed threads, deterministic kernels (null: on for CPU runs)
     trainer: DistillationConfig = field(default_factory=lambda: DistillationConfig(**defaults()["trainer"]))
 
 
@@ -74,6 +76,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
 
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
+    check_determinism(recipe)
     if recipe.divergence not in DIVERGENCES:
         raise RecipeError(f"divergence must be one of {', '.join(DIVERGENCES)}, got {recipe.divergence!r}")
     if not 0 < recipe.heldout_fraction < 1 or recipe.heldout_tokens < 1:
@@ -129,7 +132,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     from smolforge.devices import local_device
     from smolforge.generation.prompts import load_tokenizer
 
-    from .common import lineage_fingerprints, load_trainable, model_parent, run_logger, step_profiler, train_summary
+    from .common import (lineage_fingerprints, load_trainable, model_parent, reproducible_training, run_logger,
+                         step_profiler, train_summary)
     from .online import load_policy, load_prompts, policy_device
     from .ranks import full_weights, save_trained, start_run, stop_on_request
 
@@ -139,7 +143,7 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     parents = [student_run, teacher_run] + ([data_run] if data_run else [])
     device = policy_device(local_device(), use_cpu=recipe.trainer.use_cpu)
     with start_run(runs, "distill", recipe, parents, lineage_fingerprints(parents, {"prompts": paths}),
-                   overwrite=overwrite) as (run, resume_from):
+                   overwrite=overwrite) as (run, resume_from), reproducible_training(run, recipe, recipe.trainer.seed):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(student_run.model_dir)
         student = load_policy(student_run.model_dir, device)

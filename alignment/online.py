@@ -35,6 +35,7 @@ from typing import Any
 
 from smolforge.recipe import FRACTION
 from smolforge.errors import RecipeError
+from smolforge.determinism import DeterminismSpec
 from smolforge.eval_watch import EvalWhileTraining
 from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.runs import Run, Runs
@@ -45,8 +46,9 @@ from smolforge.generation.prompts import load_tokenizer
 from .async_rollouts import AsyncSpec
 from .eval_watch import check_eval_watch, eval_watch
 from .logprob_parity import ParitySpec, ParityWatch, parity_callback
-from .common import (check_tracking, lineage_fingerprints, load_trainable, model_parent, quiet_tracking, run_logger,
-                     split_heldout, step_profiler, train_summary, trainer_defaults)
+from .common import (check_determinism, check_tracking, lineage_fingerprints, load_trainable, model_parent,
+                     quiet_tracking, reproducible_training, run_logger, split_heldout, step_profiler, train_summary,
+                     trainer_defaults)
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,7 @@ class OnlineRecipe:
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
     eval_while_training: EvalWhileTraining = field(default_factory=EvalWhileTraining)  # {every: N, suites, stop_on}:
                                       #   checkpoints scored while training; a breach stops it (smolforge.eval_watch)
+    determinism: DeterminismSpec = field(default_factory=DeterminismSpec)  # seed, fixed threads, deterministic kernels (null: on for CPU runs)
     parity: ParitySpec = field(default_factory=ParitySpec)  # vLLM rollouts: engine-vs-trainer log-prob gap per step,
                                       #   max_gap (nats/token) and on_breach: stop | warn (smolforge.alignment.logprob_parity)
     async_: AsyncSpec | None = field(default=None, metadata={"key": "async"})  # {max_staleness: N}: GRPO on the vLLM
@@ -219,6 +222,7 @@ def validate_online(recipe, runs: Runs, *, has_rollout_hook: bool = False) -> No
     """Parent model, prompt rows, reward names, the split and the rollout backend, before any run folder exists."""
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
+    check_determinism(recipe)
     recipe.parity.check()
     check_eval_watch(recipe)
     model_dir = model_parent(runs, recipe.parent).model_dir
@@ -374,6 +378,37 @@ def is_correction(trainer: Any, backend: str, *, on_server: bool = False) -> dic
     return {"rl/is_correction": getattr(trainer, "vllm_importance_sampling_mode", "on") if on else "none"}
 
 
+def unfixed_sampling(backend: str, seed: int, engine_seed: int = 0) -> tuple[dict, ...]:
+    """The rollout samplers a fixed seed and thread count cannot make repeat (run.json's
+    ``determinism/nondeterministic``): vLLM's, which batches requests as they arrive (the server, seeded with
+    ``seed``, the recipe's), and TRL's in-process engine with its own kernels (``engine_seed``: TRL seeds it
+    with the process index over the tensor-parallel size). HF ``generate`` draws from the trainer's seeded
+    torch RNG: nothing to name.
+
+    >>> unfixed_sampling("hf", 0)
+    ()
+    >>> unfixed_sampling("vllm-server", 3)[0]["component"], unfixed_sampling("vllm-server", 3)[0]["seed"]
+    ('vllm-server sampling', 3)
+    """
+    from smolforge.determinism import nondeterministic
+
+    if backend == "vllm-server":
+        return (nondeterministic("vllm-server sampling", seed, "the server's sampler (--seed) draws in the order its "
+                                 "scheduler batches requests, which follows their arrival; its CPU kernels and "
+                                 "threads are its own"),)
+    if backend == "trl-vllm":
+        return (nondeterministic("trl-vllm sampling", engine_seed, "TRL's vLLM engine samples with its own kernels "
+                                 "and batching, outside torch's deterministic mode"),)
+    return ()
+
+
+def engine_seed(recipe) -> int:
+    """The seed TRL gives its in-process vLLM engine on this process (its index over the tensor-parallel size)."""
+    from .ranks import process_state
+
+    return process_state().process_index // max(1, getattr(recipe.trainer, "vllm_tensor_parallel_size", 1) or 1)
+
+
 def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any], *,
                  overwrite: bool = False, has_rollout_hook: bool = False) -> Run:
     """Parent model + prompts + rewards → TRL trainer → ``model/``, with held-out reward before/after.
@@ -403,7 +438,9 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
     device = policy_device(local_device(), use_cpu=recipe.trainer.use_cpu)
     parents = [parent] + ([data_run] if data_run else [])
     fingerprints = lineage_fingerprints(parents, {"prompts": paths})
-    with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
+    with start_run(runs, stage, recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from), \
+            reproducible_training(run, recipe, recipe.trainer.seed, cuda=device.type == "cuda",
+                                  nondeterministic=unfixed_sampling(backend, recipe.trainer.seed, engine_seed(recipe))):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         rollouts = asynchronous = None
         try:

@@ -25,12 +25,13 @@ from dataclasses import dataclass, field
 from trl import RewardConfig
 
 from smolforge.errors import DataError, RecipeError
+from smolforge.determinism import DeterminismSpec
 from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.runs import Run, Runs
 
-from .common import (LoraSpec, TrackingSpec, check_lora, check_tracking, lineage_fingerprints, load_tokenizer,
-                     lora_config, model_parent, quiet_tracking, run_logger, step_profiler, train_summary,
-                     trainer_defaults)
+from .common import (LoraSpec, TrackingSpec, check_determinism, check_lora, check_tracking, lineage_fingerprints,
+                     load_tokenizer, lora_config, model_parent, quiet_tracking, reproducible_training, run_logger,
+                     step_profiler, train_summary, trainer_defaults)
 
 
 def defaults() -> dict:
@@ -52,6 +53,7 @@ class Recipe:
     trainer: RewardConfig = field(default_factory=lambda: RewardConfig(**defaults()["trainer"]))  # any trl.RewardConfig field
     tracking: TrackingSpec = field(default_factory=quiet_tracking)  # report_to: tensorboard | trackio | wandb; prometheus_port
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    determinism: DeterminismSpec = field(default_factory=DeterminismSpec)  # seed, fixed threads, deterministic kernels (null: on for CPU runs)
 
 
 def split_pairs(rows: list[dict], eval_fraction: float, seed: int = 0) -> tuple[list[dict], list[dict]]:
@@ -107,6 +109,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     check_lora(recipe.lora)
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.trainer.max_steps)
+    check_determinism(recipe)
     model_parent(runs, recipe.parent)
     _pairs(recipe, runs)
 
@@ -139,7 +142,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     train_rows, held, paths, data_run = _pairs(recipe, runs)
     parents = [parent] + ([data_run] if data_run else [])
     fingerprints = lineage_fingerprints(parents, {"prefs": paths})
-    with start_run(runs, "reward", recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from):
+    with start_run(runs, "reward", recipe, parents, fingerprints, overwrite=overwrite) as (run, resume_from), \
+            reproducible_training(run, recipe, recipe.trainer.seed):
         recipe.trainer.output_dir = str(run.checkpoints_dir)
         tokenizer = load_tokenizer(parent.model_dir)
         # A path, not a model: RewardTrainer then adds the one-label head after set_seed(trainer.seed)

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from smolforge.attention import resolve_attention
+from smolforge.determinism import DeterminismSpec, as_metrics, check_spec, reproducible
 from smolforge.errors import Preempted, RecipeError, RunError
 from smolforge.model_folder import check_model_folder
 from smolforge.profiling import ProfileSpec, StepProfiler, check_profile
@@ -113,6 +114,7 @@ class Recipe:
     spike: SpikeSpec = field(default_factory=SpikeSpec)
     tracking: TrackingSpec = field(default_factory=TrackingSpec)
     profile: ProfileSpec = field(default_factory=ProfileSpec)  # torch.profiler trace of a step range into profile/ (off)
+    determinism: DeterminismSpec = field(default_factory=DeterminismSpec)  # train.seed, fixed threads, deterministic kernels (null: on for CPU runs)
 
 
 def phases_of(recipe: Recipe, domain_sizes: dict[str, int]) -> list[Phase]:
@@ -183,6 +185,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
         if not ok:
             raise RecipeError(message)
     check_profile(recipe.profile, t.max_steps)
+    check_spec(recipe.determinism)
     resolve_attention(t.attn_implementation, packed=True, half_precision=t.precision == "bf16",
                       dropout=0.0 if recipe.init else m.dropout, field="train.attn_implementation")
     domains = _domains_in(data_run)
@@ -296,6 +299,9 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
         barrier()
         if rank != 0:
             run = Run(runs.root / recipe.name)
+        record = stack.enter_context(reproducible(recipe.determinism, recipe.train.seed))
+        if rank == 0:
+            run.update_metrics(as_metrics(record))
         Loop(recipe, runs, run, deepspeed, tokenizer, domains, rank, world).train(resume_from)
         barrier()
     return run.reload()

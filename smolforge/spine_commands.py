@@ -80,6 +80,7 @@ def _declare_import(cli: Commands) -> None:
                   "smolforge import --config recipes/smollm2-135m/import.yaml",
                   "smolforge sft --config recipes/demo/sft.yaml --set parent=smollm3-base"))
     cli.summary(hide=["import/*"])   # the import stage's figures are sizes and seconds, not scores
+    cli.summary(hide=["determinism/*"])   # how a training stage made itself reproducible (smolforge/determinism.py)
 
 
 # --------------------------------------------------------------------------- runs

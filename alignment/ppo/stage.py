@@ -91,8 +91,9 @@ from smolforge.profiling import StepProfiler, check_profile
 from smolforge.recipe import to_dict
 from smolforge.runs import Run, RunLayout, Runs, is_run
 
-from ..common import check_tracking, lineage_fingerprints, model_parent, open_tracker
-from ..online import OnlineRecipe, load_prompts, reward_functions, start_rollouts
+from ..common import (check_determinism, check_tracking, lineage_fingerprints, model_parent, open_tracker,
+                      reproducible_training)
+from ..online import OnlineRecipe, load_prompts, reward_functions, start_rollouts, unfixed_sampling
 from .scoring import score_completions
 from .spec import PRECISIONS, PPOSpec
 
@@ -190,6 +191,7 @@ def validate(recipe: Recipe, runs: Runs) -> None:
     recipe.parity.check()
     check_tracking(recipe)
     check_profile(recipe.profile, recipe.ppo.steps)
+    check_determinism(recipe)
     pick_backend(recipe.generation, model_parent(runs, recipe.parent).model_dir, accepts=("vllm-server",))
     _, _, train, _ = load_prompts(recipe, runs, recipe.ppo.seed)
     probe = train[:2]
@@ -223,7 +225,8 @@ def run(recipe: Recipe, runs: Runs, *, overwrite: bool = False) -> Run:
     context = runs.start("ppo", recipe.name, to_dict(recipe), parents=parents, overwrite=overwrite,
                          data_fingerprints=lineage_fingerprints(parents, {"prompts": paths})) if main \
         else _NoRun(runs.root / recipe.name, accelerator.process_index)
-    with context as run:
+    with context as run, reproducible_training(run, recipe, spec.seed, cuda=accelerator.device.type == "cuda",
+                                               nondeterministic=unfixed_sampling(backend, spec.seed)):
         set_seed(spec.seed, device_specific=True)
         with _rollouts(backend, parent.model_dir, run, spec, cuda=accelerator.device.type == "cuda") as rollouts:
             models = build_models(parent.model_dir, spec, accelerator)
