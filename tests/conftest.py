@@ -87,6 +87,13 @@ def tiny_recipe(stage: str, **changes):
     return build_stage_recipe(load_stage(stage), data, source=f"{stage} (test)")
 
 
+def finished_run(runs: Runs, name: str, metrics: dict, parents=(), stage: str = "sft"):
+    """A done run holding only ``metrics`` (for gate and comparison tests on constructed values)."""
+    with runs.start(stage, name, recipe={}, parents=[runs.get(p) for p in parents]) as run:
+        run.finish(metrics=metrics)
+    return run
+
+
 def run_stage(stage: str, runs: Runs, **changes):
     module = load_stage(stage)
     recipe = tiny_recipe(stage, **changes)

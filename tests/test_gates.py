@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import finished_run
 from smolforge.errors import RecipeError
 from smolforge.gates import Gate, check_gates, failures, parse_gates
 from smolforge.pipeline import load_pipeline
@@ -27,12 +28,6 @@ def runs(tmp_path) -> Runs:
     return Runs(tmp_path / "runs")
 
 
-def make(runs: Runs, name: str, metrics: dict, parents=(), stage: str = "sft"):
-    with runs.start(stage, name, recipe={}, parents=[runs.get(p) for p in parents]) as run:
-        run.finish(metrics=metrics)
-    return run
-
-
 def messages(run, runs, *specs):
     return [r.message for r in check_gates(run, runs, list(specs))]
 
@@ -44,7 +39,7 @@ def scored(runs: Runs, name: str, per_item: list[float], parents=(), redteam: bo
     """A run whose eval/ holds per-item scores as the scorers write them (lm-eval's instruct task, or a
     red-team suite's jailbreak items), and the mean in run.json."""
     metric = "redteam/attack_success" if redteam else "instruct/exact_match"
-    run = make(runs, name, {metric: sum(per_item) / len(per_item)}, parents=parents)
+    run = finished_run(runs, name, {metric: sum(per_item) / len(per_item)}, parents=parents)
     run.eval_dir.mkdir(exist_ok=True)
     if redteam:
         rows = [{"id": f"jb-{i}", "category": "jailbreak", "failed": bool(v)} for i, v in enumerate(per_item)]
@@ -101,8 +96,8 @@ def test_a_paired_safety_gate_fails_a_rise_in_attack_success_and_passes_noise(ru
 
 
 def test_gate_against_parent_fails_with_metric_values_and_rule(runs):
-    make(runs, "sft-demo", {"instruct/exact_match": 0.7083})
-    dpo = make(runs, "dpo-demo", {"instruct/exact_match": 0.65}, parents=["sft-demo"], stage="dpo")
+    finished_run(runs, "sft-demo", {"instruct/exact_match": 0.7083})
+    dpo = finished_run(runs, "dpo-demo", {"instruct/exact_match": 0.65}, parents=["sft-demo"], stage="dpo")
     [result] = check_gates(dpo, runs, [{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.01}])
     assert not result.passed
     assert result.message == "gate failed: instruct/exact_match 0.650 < parent sft-demo 0.708 - 0.010 (unpaired)"
@@ -110,8 +105,8 @@ def test_gate_against_parent_fails_with_metric_values_and_rule(runs):
 
 
 def test_gate_against_parent_passes_within_the_allowed_drop(runs):
-    make(runs, "sft-demo", {"instruct/exact_match": 0.708})
-    dpo = make(runs, "dpo-demo", {"instruct/exact_match": 0.698}, parents=["sft-demo"])
+    finished_run(runs, "sft-demo", {"instruct/exact_match": 0.708})
+    dpo = finished_run(runs, "dpo-demo", {"instruct/exact_match": 0.698}, parents=["sft-demo"])
     [result] = check_gates(dpo, runs, [{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.01}])
     assert result.passed, result.message  # exactly at the edge: float slack, not a spurious fail
     assert result.message == "gate passed: instruct/exact_match 0.698 >= parent sft-demo 0.708 - 0.010 (unpaired)"
@@ -121,7 +116,7 @@ def test_gate_against_parent_passes_within_the_allowed_drop(runs):
 
 
 def test_absolute_max_and_min(runs):
-    run = make(runs, "r", {"redteam/jailbreak/attack_success": 0.35, "facts/acc": 0.8})
+    run = finished_run(runs, "r", {"redteam/jailbreak/attack_success": 0.35, "facts/acc": 0.8})
     assert messages(run, runs, {"metric": "redteam/jailbreak/attack_success", "max": 0.2},
                     {"metric": "facts/acc", "min": 0.5}, {"metric": "facts/acc", "min": 0.9, "max": 1.0}) == [
         "gate failed: redteam/jailbreak/attack_success 0.350 > max 0.200",
@@ -130,14 +125,14 @@ def test_absolute_max_and_min(runs):
 
 
 def test_max_rise_for_metrics_where_lower_is_better(runs):
-    make(runs, "sft-a", {"redteam/attack_success": 0.10})
-    run = make(runs, "dpo-a", {"redteam/attack_success": 0.20}, parents=["sft-a"])
+    finished_run(runs, "sft-a", {"redteam/attack_success": 0.10})
+    run = finished_run(runs, "dpo-a", {"redteam/attack_success": 0.20}, parents=["sft-a"])
     assert messages(run, runs, {"metric": "redteam/attack_success", "against": "parent", "max_rise": 0.05}) == [
         "gate failed: redteam/attack_success 0.200 > parent sft-a 0.100 + 0.050 (unpaired)"]
 
 
 def test_missing_metric_fails_and_lists_the_close_and_existing_metrics(runs):
-    run = make(runs, "r", {"instruct/exact_match": 0.7, "facts/acc": 0.5, "train/loss": 1.0})
+    run = finished_run(runs, "r", {"instruct/exact_match": 0.7, "facts/acc": 0.5, "train/loss": 1.0})
     [result] = check_gates(run, runs, [{"metric": "instruct/exact_mach", "min": 0.5}])
     assert not result.passed and result.value is None
     assert result.message.startswith("gate failed: run r has no metric 'instruct/exact_mach' "
@@ -146,9 +141,9 @@ def test_missing_metric_fails_and_lists_the_close_and_existing_metrics(runs):
 
 
 def test_against_a_named_run(runs):
-    make(runs, "baseline", {"facts/acc": 0.9})
-    make(runs, "sft-a", {"facts/acc": 0.5})
-    run = make(runs, "dpo-a", {"facts/acc": 0.6}, parents=["sft-a"])
+    finished_run(runs, "baseline", {"facts/acc": 0.9})
+    finished_run(runs, "sft-a", {"facts/acc": 0.5})
+    run = finished_run(runs, "dpo-a", {"facts/acc": 0.6}, parents=["sft-a"])
     [result] = check_gates(run, runs, [{"metric": "facts/acc", "against": "baseline", "max_drop": 0.1}])
     assert result.message == "gate failed: facts/acc 0.600 < baseline 0.900 - 0.100 (unpaired)"
     assert result.reference_run == "baseline"
@@ -158,20 +153,20 @@ def test_against_a_named_run(runs):
 
 
 def test_against_parent_walks_up_the_lineage_to_the_nearest_scored_ancestor(runs):
-    make(runs, "data-a", {"data/rows": 10}, stage="data")
-    make(runs, "pretrain-a", {"facts/acc": 0.4}, parents=["data-a"], stage="pretrain")
-    make(runs, "sft-a", {"train/loss": 1.0}, parents=["pretrain-a", "data-a"])  # not evaluated
-    run = make(runs, "dpo-a", {"facts/acc": 0.35}, parents=["sft-a", "data-a"], stage="dpo")
+    finished_run(runs, "data-a", {"data/rows": 10}, stage="data")
+    finished_run(runs, "pretrain-a", {"facts/acc": 0.4}, parents=["data-a"], stage="pretrain")
+    finished_run(runs, "sft-a", {"train/loss": 1.0}, parents=["pretrain-a", "data-a"])  # not evaluated
+    run = finished_run(runs, "dpo-a", {"facts/acc": 0.35}, parents=["sft-a", "data-a"], stage="dpo")
     [result] = check_gates(run, runs, [{"metric": "facts/acc", "against": "parent", "max_drop": 0.01}])
     assert result.reference_run == "pretrain-a"
     assert result.message == "gate failed: facts/acc 0.350 < parent pretrain-a 0.400 - 0.010 (unpaired)"
     [nobody] = check_gates(run, runs, [{"metric": "arith/acc", "against": "parent"}])
     assert not nobody.passed and "has no metric 'arith/acc'" in nobody.message
-    orphan = make(runs, "orphan", {"arith/acc": 0.3})
+    orphan = finished_run(runs, "orphan", {"arith/acc": 0.3})
     [alone] = check_gates(orphan, runs, [{"metric": "arith/acc", "against": "parent"}])
     assert alone.message == ("gate failed: no ancestor of orphan has metric 'arith/acc' to compare against "
                              "(looked at: it has no parents)")
-    [scored] = check_gates(make(runs, "child", {"arith/acc": 0.3}, parents=["dpo-a"]), runs,
+    [scored] = check_gates(finished_run(runs, "child", {"arith/acc": 0.3}, parents=["dpo-a"]), runs,
                            [{"metric": "arith/acc", "against": "parent"}])
     assert "(looked at: dpo-a, sft-a, data-a, pretrain-a)" in scored.message  # breadth-first, no repeats
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import DEMO, TINY, tiny_recipe
+from conftest import DEMO, TINY, finished_run, tiny_recipe
 from smolforge.cli import main
 from smolforge.errors import RecipeError
 from smolforge.evals.compare import compare_data, compare_table
@@ -81,15 +81,9 @@ def runs(tmp_path) -> Runs:
     return Runs(tmp_path / "runs")
 
 
-def make(runs: Runs, name: str, metrics: dict, parents=(), stage: str = "sft"):
-    with runs.start(stage, name, recipe={}, parents=[runs.get(p) for p in parents]) as run:
-        run.finish(metrics=metrics)
-    return run
-
-
 def seeds_run(runs: Runs, name: str, values: list[float], parents=(), metric: str = "facts/acc"):
     """Seed runs ``NAME-seedS`` with ``metric`` = each value, and the seeds run ``NAME`` over them."""
-    seeded = [make(runs, f"{name}-seed{seed}", {metric: value, f"{metric}/random": 0.25}, parents)
+    seeded = [finished_run(runs, f"{name}-seed{seed}", {metric: value, f"{metric}/random": 0.25}, parents)
               for seed, value in enumerate(values)]
     return aggregate(runs, name, seeded, list(range(len(values))), "trainer.seed")
 
@@ -118,7 +112,7 @@ def test_a_gate_against_a_seeds_parent_judges_the_difference_of_means(runs, valu
 
 
 def test_seeds_against_a_single_run_borrow_its_sd_and_bounds_judge_the_mean(runs):
-    make(runs, "single", {"facts/acc": 0.50})
+    finished_run(runs, "single", {"facts/acc": 0.50})
     new = seeds_run(runs, "new", [0.52, 0.53, 0.51], parents=["single"])
     result, seen = verdict(runs, new, against="single", max_drop=0.0)
     # 0.02 ± 0.01·sqrt(1/3 + 1), t at 2 df: the interval holds 0
@@ -128,7 +122,7 @@ def test_seeds_against_a_single_run_borrow_its_sd_and_bounds_judge_the_mean(runs
         "pass", "fail", "inconclusive"]
     assert verdict(runs, new, min=0.515, inconclusive="pass")[0].passed
     # a single run against a single run: the point comparison, as before
-    plain = make(runs, "plain", {"facts/acc": 0.49}, parents=["single"])
+    plain = finished_run(runs, "plain", {"facts/acc": 0.49}, parents=["single"])
     result, seen = verdict(runs, plain, against="parent", max_drop=0.02)
     assert seen is None and result.passed and "(unpaired)" in result.message
 
@@ -136,7 +130,7 @@ def test_seeds_against_a_single_run_borrow_its_sd_and_bounds_judge_the_mean(runs
 def test_compare_shows_mean_sd_and_the_difference_with_its_stderr(runs):
     seeds_run(runs, "base", [0.50, 0.51, 0.49])
     seeds_run(runs, "new", [0.52, 0.53, 0.51])
-    make(runs, "single", {"facts/acc": 0.55, "facts/acc/random": 0.25})
+    finished_run(runs, "single", {"facts/acc": 0.55, "facts/acc/random": 0.25})
     data = compare_data(runs, ["base", "new", "single"])
     new = data["runs"][1]["scores"]["facts/acc"]
     assert new["n"] == 3 and new["sd"] == pytest.approx(0.01)
@@ -191,7 +185,7 @@ def test_bad_seeds_are_refused_before_any_run_folder_exists(tmp_path, capsys, ru
         assert message in capsys.readouterr().err
     assert main(["--runs-dir", str(root), "eval", "some-run", "--seeds", "3"]) == 2
     assert "stage 'eval' has no seed setting" in capsys.readouterr().err
-    make(runs, "data-x", {"data/pretrain_rows": 1}, stage="data")   # the seeds run's name is taken
+    finished_run(runs, "data-x", {"data/pretrain_rows": 1}, stage="data")   # the seeds run's name is taken
     assert main(["--runs-dir", str(root), "data", "prepare", str(recipe), "--seeds", "2"]) == 2
     assert "run 'data-x' already exists" in capsys.readouterr().err
     assert sorted(p.name for p in root.iterdir()) == ["data-x"]
