@@ -16,7 +16,10 @@ into ``eval/``, :mod:`smolforge.item_scores`), an ``against`` rule compares the 
 (:mod:`smolforge.paired`): the change, its standard error by paired bootstrap, and a verdict at
 ``confidence`` (0.95 unless given): *pass* (within the tolerance with that confidence), *fail* (worse
 beyond it with that confidence) or *inconclusive* (the suite cannot tell at its size), which counts as
-``inconclusive: fail`` (the default) or ``pass``. Without per-item scores (runs scored before they were
+``inconclusive: fail`` (the default), ``pass`` or ``rerun``: in a pipeline, where either run was
+scored on fewer items than its suite holds (the eval recipe's ``limit``), both are scored on every item
+and the gate decides again (:func:`rerun_with_more_items`); still inconclusive, or with no items to
+add, it counts as fail. Without per-item scores (runs scored before they were
 written, a metric no suite scores per item) the rule compares the two values, as before, and says so.
 
 **Seeds.** Where a run is a seeds run (``--seeds``, a pipeline step's ``seeds:``; :mod:`smolforge.seeds`),
@@ -42,21 +45,21 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from smolforge.errors import RecipeError, RunError
-from smolforge.item_scores import item_scores
+from smolforge.item_scores import item_scores, scored_by
 from smolforge.paired import compare
 from smolforge.recipe import check_keys
 from smolforge.runs import Run, Runs
 from smolforge.seeds import check_bound, compare_spreads, metric_spread, read_seeds
 
-__all__ = ["GATE_KEYS", "Gate", "GateResult", "parse_gates", "check_gates", "failures"]
+__all__ = ["GATE_KEYS", "Gate", "GateResult", "parse_gates", "check_gates", "failures", "rerun_with_more_items"]
 
 GATE_KEYS = ("metric", "against", "max_drop", "max_rise", "min", "max", "confidence", "inconclusive")
-INCONCLUSIVE = ("fail", "pass")
+INCONCLUSIVE = ("fail", "pass", "rerun")
 _EPS = 1e-9  # float slack so 0.698 passes ">= 0.708 - 0.010"
 
 
@@ -71,7 +74,8 @@ class Gate:
     min: float | None = None         # value >= min
     max: float | None = None         # value <= max
     confidence: float | None = None  # paired and seed verdicts' confidence (0.95 when unset)
-    inconclusive: str | None = None  # what a paired or seed "inconclusive" counts as: fail (unset) | pass
+    inconclusive: str | None = None  # what a paired or seed "inconclusive" counts as: fail (unset) | pass |
+                                     # rerun (a pipeline scores both runs on every item, then decides; else fail)
 
     def describe(self) -> str:
         """The rule in words.
@@ -266,7 +270,8 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
     def judged(result, what: str) -> None:   # a paired or seed verdict, as the gate counts it
         paired.append(result.to_dict())
         ok = result.verdict == "pass" or (result.verdict == "inconclusive" and gate.inconclusive == "pass")
-        counted = f" (counted as {gate.inconclusive or 'fail'})" if result.verdict == "inconclusive" else ""
+        counted = {"pass": " (counted as pass)", "rerun": " (counted as fail until rerun on more items)"}.get(
+            gate.inconclusive or "", " (counted as fail)") if result.verdict == "inconclusive" else ""
         (passes if ok else problems).append(f"{what}: {result.describe()}{counted}")
 
     if gate.against is not None:
@@ -360,3 +365,34 @@ def failures(results: Iterable[GateResult]) -> list[str]:
     ['gate failed: a 0.500 < min 1.000']
     """
     return [r.message for r in results if not r.passed]
+
+
+def rerun_with_more_items(run: Run, runs: Runs, results: list[GateResult],
+                          evaluate: Callable[[str, str], object]) -> list[GateResult]:
+    """``results`` with each ``inconclusive: rerun`` gate whose paired verdict was inconclusive decided again
+    on every item: ``evaluate(run_name, suite)`` scores a run on the whole suite (the pipeline runs its eval
+    recipe with ``limit: null``) for each of the two runs that was scored on fewer; where both already
+    were, nothing can grow and the verdict stays inconclusive, counted as fail, and says so.
+    """
+    out = []
+    for result in results:
+        gate = result.gate
+        if gate.inconclusive != "rerun" or not any(p.get("verdict") == "inconclusive" for p in result.paired):
+            out.append(result)
+            continue
+        names = [run.name] + ([result.reference_run] if result.reference_run else [])
+        limited = {}
+        for name in names:
+            scored = scored_by(runs.get(name, require_done=False), gate.metric)
+            if scored is not None and scored[1] is not None:
+                limited[name] = scored[0]
+        if not limited:
+            out.append(dataclasses.replace(result, message=f"{result.message}; rerun: both runs were already "
+                                                          "scored on every item of the suite, none to add"))
+            continue
+        for name, suite in limited.items():
+            evaluate(name, suite)
+        [again] = check_gates(runs.get(run.name, require_done=False), runs, [gate])
+        out.append(dataclasses.replace(again, message=f"{again.message} (rerun on every item: "
+                                                      f"{', '.join(sorted(limited))} had been scored on fewer)"))
+    return out

@@ -30,7 +30,7 @@ from pathlib import Path
 
 from smolforge.runs import Run
 
-__all__ = ["item_scores"]
+__all__ = ["item_scores", "scored_by"]
 
 
 def _rows(path: Path) -> list[dict]:
@@ -78,24 +78,55 @@ def _tools(rows: list[dict], metric: str, suite: str) -> dict[str, float] | None
     return None
 
 
-def item_scores(run: Run, metric: str) -> dict[str, float] | None:
-    """``{item id: score}`` behind ``metric`` in ``run``, or None where the run has no per-item figures for it."""
+def _sources(run: Run):
+    """``(suite, samples file, summary)`` of every scored suite in ``run``'s eval/."""
     folder = run.eval_dir
     if not folder.is_dir():
-        return None
+        return
     for samples in sorted(folder.glob("*-samples.jsonl")):
         suite = samples.name.removesuffix("-samples.jsonl")
         summary_path = folder / f"{suite}.json"
-        summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        if summary.get("kind") == "adversarial":
-            if metric.startswith(f"{suite}/"):
-                kinds = {name: c.get("kind") for name, c in (summary.get("categories") or {}).items()}
-                return _redteam(_rows(samples), metric, suite, kinds)
-            continue
-        if metric.startswith(f"{suite}/") and "call_validity" in summary:
-            return _tools(_rows(samples), metric, suite)
-        if "tasks" in summary or not summary:
-            found = _lm_eval(_rows(samples), metric)
-            if found is not None:
-                return found
+        yield suite, samples, json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+
+
+def _scores_in(samples: Path, suite: str, summary: dict, metric: str) -> dict[str, float] | None:
+    if summary.get("kind") == "adversarial":
+        if metric.startswith(f"{suite}/"):
+            kinds = {name: c.get("kind") for name, c in (summary.get("categories") or {}).items()}
+            return _redteam(_rows(samples), metric, suite, kinds)
+        return None
+    if metric.startswith(f"{suite}/") and "call_validity" in summary:
+        return _tools(_rows(samples), metric, suite)
+    if "tasks" in summary or not summary:
+        return _lm_eval(_rows(samples), metric)
+    return None
+
+
+def item_scores(run: Run, metric: str) -> dict[str, float] | None:
+    """``{item id: score}`` behind ``metric`` in ``run``, or None where the run has no per-item figures for it."""
+    for suite, samples, summary in _sources(run):
+        found = _scores_in(samples, suite, summary, metric)
+        if found is not None or summary.get("kind") == "adversarial" and metric.startswith(f"{suite}/"):
+            return found
+    return None
+
+
+def scored_by(run: Run, metric: str) -> tuple[str, int | None] | None:
+    """The suite whose per-item scores hold ``metric`` in ``run`` and the ``limit`` it was scored with
+    (None: every item of the suite); None where no suite in eval/ holds it.
+
+    >>> import json, tempfile
+    >>> from smolforge.runs import Runs
+    >>> with Runs(tempfile.mkdtemp()).start("eval", "r", recipe={}) as run:
+    ...     run.eval_dir.mkdir()
+    ...     _ = (run.eval_dir / "embedded.json").write_text(json.dumps({"tasks": {}, "limit": 8}))
+    ...     row = {"task": "instruct", "doc_id": 0, "scores": {"exact_match": 1.0}}
+    ...     _ = (run.eval_dir / "embedded-samples.jsonl").write_text(json.dumps(row) + "\\n")
+    >>> scored_by(run, "instruct/exact_match"), scored_by(run, "facts/acc")
+    (('embedded', 8), None)
+    """
+    for suite, samples, summary in _sources(run):
+        if _scores_in(samples, suite, summary, metric) is not None:
+            limit = summary.get("limit", (summary.get("settings") or {}).get("limit"))
+            return suite, limit
     return None

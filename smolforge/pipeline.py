@@ -61,7 +61,10 @@ they check the evaluated run. The verdicts go to ``<run>/gates.json`` and to the
 ``gates`` column; a failing gate stops the pipeline there with a RunError naming the metric, the
 values and the rule (``gate failed: instruct/exact_match 0.650 < parent sft-demo 0.708 - 0.010``),
 so ``smolforge pipeline`` exits non-zero. The gated run itself stays ``done``: it trained fine;
-it just is not promoted to the next step.
+it just is not promoted to the next step. A gate with ``inconclusive: rerun`` whose paired verdict was
+inconclusive has both runs scored again on every item of the suite (where either was scored with a
+``limit``), with the gated eval step's recipe or the pipeline's ``eval:`` recipe for that suite, and
+is decided on those; a step its share of a process left unrun then runs as usual.
 
     >>> import tempfile, os
     >>> d = tempfile.mkdtemp()
@@ -78,14 +81,14 @@ import os
 import re
 import sys
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TextIO
 
 import yaml
 
 from smolforge.errors import RecipeError, RunError, SmolforgeError
-from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates
+from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates, rerun_with_more_items
 from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command, remove_shm_buffers
 from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
 from smolforge.processes import exit_text, free_port, run_showing_output
@@ -538,6 +541,7 @@ def run_pipeline(
                 results = (_run_steps_together(group, n + 1, root, Path(tmpdir), **options) if len(group) > 1
                            else [_run_step(group[0], n + 1, root, Path(tmpdir), **options)])
                 ready = list(zip(group, results))
+                queue[:0] = group[len(results):]   # a batch stopped at gates: what it left, should they pass on a rerun
             step, result = ready.pop(0)
             n += 1
             name = result.name
@@ -554,7 +558,13 @@ def run_pipeline(
             if step.gates:
                 owner = step.gates_of or step
                 target = _gated_run(step, name)
-                results = _check_step_gates(step, target, root, sys.stderr if as_json else out)
+                stream = sys.stderr if as_json else out
+                results = _check_step_gates(step, target, root, stream)
+                if any(r.gate.inconclusive == "rerun" and not r.passed for r in results):
+                    def evaluate(run_name: str, suite: str) -> None:
+                        _rerun_eval(pipeline, step, run_name, suite, root, Path(tmpdir), debug=debug,
+                                    quiet_stdout=as_json)
+                    results = _check_step_gates(step, target, root, stream, rerun=evaluate, first=results)
                 verdicts[target] = results
                 failed = failures(results)
                 if failed:
@@ -597,6 +607,27 @@ def _step_failure(step: Step, result: StepResult, root: Path) -> str:
     return f"{head} before it reported an error{see}; its last output lines:\n{lines}"
 
 
+def _rerun_eval(pipeline: Pipeline, step: Step, run_name: str, suite: str, root: Path, tmp: Path, *,
+                debug: bool, quiet_stdout: bool) -> None:
+    """Score ``run_name`` on every item of ``suite`` with the eval recipe that scores it in this pipeline:
+    the gated step's own (an inline eval step), else the pipeline's ``eval:`` recipe for that suite."""
+    def suite_of(recipe: dict) -> str:
+        return Path(str(recipe.get("suite") or "embedded")).name
+
+    candidates = ([step.recipe] if step.stage == EVAL_STAGE else []) + list(pipeline.evals)
+    template = next((r for r in candidates if suite_of(r) == suite), None)
+    if template is None:
+        raise RunError(f"pipeline {(step.gates_of or step).label}: a gate asks to rerun on suite '{suite}', but no "
+                       f"eval recipe of the pipeline scores it")
+    recipe = {**copy.deepcopy(template), "stage": EVAL_STAGE, "run": run_name, "limit": None,
+              "name": f"eval-all-{run_name}"}
+    label = f"{(step.gates_of or step).label} rerun of {run_name}"
+    result = _run_step(Step(label, EVAL_STAGE, recipe, f"{pipeline.path} (rerun)"), 900, root, tmp,
+                       overwrite=True, debug=debug, quiet_stdout=quiet_stdout)
+    if result.code != 0:
+        raise RunError(_step_failure(Step(label, EVAL_STAGE, recipe, str(pipeline.path)), result, root))
+
+
 def _gated_run(step: Step, name: str | None) -> str:
     """The run a step's gates judge: the model run (eval steps: the evaluated run)."""
     if step.stage == EVAL_STAGE and step.recipe.get("run"):
@@ -606,11 +637,19 @@ def _gated_run(step: Step, name: str | None) -> str:
     return name
 
 
-def _check_step_gates(step: Step, target: str, root: Path, out: TextIO) -> list[GateResult]:
-    """Check ``step.gates`` on run ``target``; print the verdicts and record them in gates.json."""
+def _check_step_gates(step: Step, target: str, root: Path, out: TextIO, *,
+                      rerun: Callable[[str, str], None] | None = None,
+                      first: list[GateResult] | None = None) -> list[GateResult]:
+    """Check ``step.gates`` on run ``target``; print the verdicts and record them in gates.json. With
+    ``rerun`` (and the ``first`` verdicts), decide the ``inconclusive: rerun`` gates again on every item."""
     runs = Runs(root)
     run = runs.get(target, require_done=False)
-    results = check_gates(run, runs, step.gates)
+    if rerun is not None and first is not None:
+        print(f"gates on {run.name}: inconclusive with rerun: scoring on every item of the suite", file=out)
+        out.flush()
+        results = rerun_with_more_items(run, runs, first, rerun)
+    else:
+        results = check_gates(run, runs, step.gates)
     write_json_atomic(run.gates_path, {
         "run": run.name, "step": (step.gates_of or step).label, "checked_at": utc_now(),
         "passed": not failures(results), "results": [r.to_dict() for r in results]})

@@ -88,8 +88,8 @@ def test_a_paired_safety_gate_fails_a_rise_in_attack_success_and_passes_noise(ru
     assert not bad.passed and bad.paired[0]["verdict"] == "fail" and bad.paired[0]["difference"] == 0.2
     with pytest.raises(RecipeError, match=r"'confidence' must be between 0.5 and 1"):
         parse_gates([{**gate, "confidence": 95}])
-    with pytest.raises(RecipeError, match=r"'inconclusive' must be one of fail, pass"):
-        parse_gates([{**gate, "inconclusive": "rerun"}])
+    with pytest.raises(RecipeError, match=r"'inconclusive' must be one of fail, pass, rerun, got 'retry'"):
+        parse_gates([{**gate, "inconclusive": "retry"}])
 
 
 # --------------------------------------------------------------------------- rules
@@ -361,3 +361,22 @@ def test_gate_on_a_step_without_pipeline_eval_checks_the_stage_metrics(fake_env)
     assert "pipeline step 1 (stage pretrain, run p1) failed its promotion gates: " \
            "gate failed: redteam/attack_success 0.300 > max 0.200" in out.stderr
     assert not (fake_env / "runs" / "s1").exists()
+
+
+# --------------------------------------------------------------------------- inconclusive: rerun
+
+
+def test_rerun_on_a_suite_scored_whole_has_nothing_to_add_and_counts_as_fail(runs):
+    from smolforge.gates import rerun_with_more_items
+
+    scored(runs, "base", [1.0] * 20)
+    new = scored(runs, "new", [1.0] * 17 + [0.0] * 3, parents=["base"])   # -0.15 ± 0.08 against 0.1
+    gate = parse_gates([{"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.1,
+                         "inconclusive": "rerun"}])
+    first = check_gates(new, runs, gate)
+    assert not first[0].passed and first[0].paired[0]["verdict"] == "inconclusive"
+    assert first[0].message.endswith("(counted as fail until rerun on more items)")
+    asked = []
+    [again] = rerun_with_more_items(new, runs, first, lambda name, suite: asked.append((name, suite)))
+    assert asked == [] and not again.passed
+    assert again.message.endswith("rerun: both runs were already scored on every item of the suite, none to add")
