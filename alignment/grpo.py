@@ -47,6 +47,9 @@ class Recipe(OnlineRecipe):
     trainer: GRPOConfig = field(default_factory=lambda: GRPOConfig(**defaults()["trainer"]))  # any trl.GRPOConfig field
     tools: list = field(default_factory=list)  # tools the policy may call: calculator, python (sandboxed;
                                       #   smolforge.generation.tools); trainer.max_tool_calling_iterations caps the turns
+    environment: str | None = None    # a stateful tool environment (TRL's environment_factory): sums (the embedded
+                                      #   tool task: a calculator and a reward for getting the row's answer out of it;
+                                      #   smolforge.generation.environments); its reward is added to rewards:
 
 
 def grpo_loss_types() -> list[str]:
@@ -93,10 +96,14 @@ def check_loss(trainer: GRPOConfig) -> None:
 
 
 def check_tools(recipe: Recipe, runs: Runs) -> None:
-    """The recipe's tools exist, the prompts are conversations, and the parent's chat template renders
-    tools and has a tool-call format TRL can parse (the demo template's own ``response_template``;
-    SmolLM3's XML tools, Hermes/Qwen JSON, Llama …: ``trl.chat_template_utils.add_response_schema``)."""
-    if not recipe.tools:
+    """The recipe's tools (and environment) exist, the prompts are conversations, and the parent's chat
+    template renders tools and has a tool-call format TRL can parse (the demo template's own
+    ``response_template``; SmolLM3's XML tools, Hermes/Qwen JSON, Llama …:
+    ``trl.chat_template_utils.add_response_schema``)."""
+    from smolforge.generation.environments import resolve_environment
+
+    resolve_environment(recipe.environment)
+    if not recipe.tools and not recipe.environment:
         return
     import copy
 
@@ -135,11 +142,17 @@ def trainer_factory(recipe: Recipe):
     def make_trainer(model, dataset, tokenizer, rewards, callbacks, rollout_func):
         if rollout_func is not None:  # TRL warns on every use of its experimental hook; said once in our log
             os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        from smolforge.generation.environments import resolve_environment
         from smolforge.generation.tools import resolve_tools
 
-        return GRPOTrainer(model=model, reward_funcs=rewards, args=recipe.trainer, train_dataset=dataset,
+        environment = resolve_environment(recipe.environment)
+        if environment is not None:  # TRL warns that environment_factory is experimental; said here once
+            os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+        # a copy: TRL appends an environment's get_reward to the list it is given, and the held-out reward
+        # after training reads the recipe's own rewards from ours
+        return GRPOTrainer(model=model, reward_funcs=list(rewards), args=recipe.trainer, train_dataset=dataset,
                            processing_class=tokenizer, callbacks=callbacks, rollout_func=rollout_func,
-                           tools=resolve_tools(recipe.tools) or None)
+                           tools=resolve_tools(recipe.tools) or None, environment_factory=environment)
 
     return make_trainer
 

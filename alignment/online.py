@@ -41,6 +41,7 @@ from smolforge.profiling import ProfileSpec, check_profile
 from smolforge.runs import Run, Runs
 from smolforge.tracking import TrackingSpec
 
+from smolforge.generation.environments import offered_tools
 from smolforge.generation.prompts import load_tokenizer
 
 from .async_rollouts import AsyncSpec
@@ -158,7 +159,7 @@ def _choose_rollouts(recipe, model_dir, has_rollout_hook: bool, processes: int =
     backend = pick_backend(recipe.generation, model_dir)
     if backend == "vllm":
         return "trl-vllm", "TRL's vLLM colocate mode (an engine in this process)"
-    if backend == "vllm-server" and getattr(recipe, "tools", None):
+    if backend == "vllm-server" and offered_tools(recipe):
         return "hf", "HF generate (with tools, TRL's tool-call loop regenerates through its own backends)"
     if backend == "vllm-server" and processes > 1:
         return "hf", f"HF generate on each of the {processes} processes (the vLLM server path serves one process)"
@@ -202,7 +203,7 @@ def check_async(recipe, backend: str, *, has_rollout_hook: bool, processes: int 
     if not has_rollout_hook:
         raise RecipeError("async: asynchronous rollouts need TRL's rollout_func hook on smolforge's vLLM server, "
                           "which only GRPO has (this stage's TRL trainer has none): drop async:")
-    if getattr(recipe, "tools", None):
+    if offered_tools(recipe):
         raise RecipeError("async: not with tools (TRL's tool-call loop regenerates through its own backends): "
                           "drop async: or tools")
     if processes > 1:
@@ -315,7 +316,7 @@ def server_rollout_func(rollouts, tokenizer, args, watch: ParityWatch | None = N
 
 
 def heldout_tools(recipe) -> dict:
-    """``mean_reward``'s tool settings for a recipe with ``tools:``: the held-out prompts are answered with
+    """``mean_reward``'s tool settings for a recipe with ``tools:`` (or an ``environment:``): the held-out prompts are answered with
     the tools on offer, as the policy is trained (TRL's ``max_tool_calling_iterations`` rounds, 2 if unset).
 
     >>> from types import SimpleNamespace
@@ -324,7 +325,7 @@ def heldout_tools(recipe) -> dict:
     >>> heldout_tools(SimpleNamespace(trainer=None))
     {}
     """
-    tools = getattr(recipe, "tools", None)
+    tools = offered_tools(recipe)   # an environment's answered with its stateless equivalents
     if not tools:
         return {}
     return {"tools": list(tools), "max_tool_iterations": getattr(recipe.trainer, "max_tool_calling_iterations", None) or 2}

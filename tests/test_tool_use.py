@@ -137,3 +137,28 @@ def test_grpo_with_tools_trains_through_trl_tool_loop_and_reports_tool_use(runs,
     assert any("tools/call_frequency" in row for row in logged)          # TRL's tool loop ran and logged
     with pytest.raises(RecipeError, match="unknown tool 'calculater'"):
         run_stage("grpo", runs, name="grpo-tools-bad", parent=sft_run.name, data=data_run.name, tools=["calculater"])
+
+
+def test_grpo_in_an_environment_pays_for_the_answer_the_tool_gave(tokenizer, caller, runs, tmp_path):
+    """environment: sums (TRL's environment_factory): the environment's calculator is the tool, its
+    get_reward scores each rollout on whether the row's answer came out of it, logged beside rewards:."""
+    from conftest import run_stage
+
+    with runs.start("sft", "env-caller", recipe={}) as parent:
+        caller.save_pretrained(parent.model_dir)
+        tokenizer.save_pretrained(parent.model_dir)
+        parent.finish(metrics={})
+    prompts = tmp_path / "sums.jsonl"
+    rows = [{"prompt": [{"role": "user", "content": "What is 482 plus 390?"}], "answer": "The answer is 872."}] * 8
+    prompts.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    run = run_stage("grpo", runs, name="grpo-env", parent="env-caller", data=str(prompts), environment="sums",
+                    chat_prompts=True, generation="hf", heldout_fraction=0.25, eval_max_new_tokens=64,
+                    trainer={"max_steps": 1, "max_tool_calling_iterations": 1, "max_completion_length": 64,
+                             "num_generations": 4, "per_device_train_batch_size": 4, "logging_steps": 1})
+    logged = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
+    env_rewards = [row["rewards/SumsEnvironment/mean"] for row in logged if "rewards/SumsEnvironment/mean" in row]
+    assert env_rewards and 0.0 < env_rewards[0] <= 1.0     # rollouts that got 872 out of the calculator
+    metrics = run.info["metrics"]
+    assert metrics["rl/tools/called_before"] == 1.0          # held out: answered with the calculator on offer
+    with pytest.raises(RecipeError, match="unknown environment 'sum' \\(did you mean 'sums'\\?\\)"):
+        run_stage("grpo", runs, name="grpo-env-bad", parent="env-caller", data=str(prompts), environment="sum")
