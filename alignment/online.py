@@ -364,10 +364,9 @@ def loss_settings(trainer: Any) -> dict:
 
 def is_correction(trainer: Any, backend: str, *, on_server: bool = False) -> dict:
     """run.json's record of the importance-sampling correction for the engine/trainer mismatch: TRL's
-    mode where TRL applies it (and logs ``sampling/…``): its own vLLM modes, and the vLLM-server path
-    with ``async`` (``on_server``, :func:`~smolforge.alignment.async_rollouts.enable_is_correction`);
-    else none (the HF path samples from the policy itself; the synchronous vLLM-server path measures
-    the gap, ``parity/…``, uncorrected).
+    mode where TRL applies it (and logs ``sampling/…``): its own vLLM modes, and smolforge's vLLM-server
+    path, synchronous or ``async`` (``on_server``, :func:`~smolforge.alignment.async_rollouts.enable_is_correction`);
+    else none (the HF path samples from the policy itself).
 
     >>> from types import SimpleNamespace
     >>> t = SimpleNamespace(vllm_importance_sampling_correction=True, vllm_importance_sampling_mode="token_truncate")
@@ -471,8 +470,13 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
             elif rollouts is not None:
                 rollout_func = server_rollout_func(rollouts, tokenizer, recipe.trainer, watch)
             trainer = make_trainer(model, Dataset.from_list(train), tokenizer, rewards, callbacks, rollout_func)
+            server_is_mode = "none"
             if asynchronous is not None:
                 asynchronous.attach(trainer)
+            elif rollout_func is not None:   # the synchronous server path: TRL's IS correction on it too
+                from .async_rollouts import enable_is_correction
+
+                server_is_mode = enable_is_correction(trainer)
             with profiler, watcher:
                 result = trainer.train(resume_from_checkpoint=str(resume_from) if resume_from else None)
             stopper.raise_if_stopped()
@@ -498,8 +502,8 @@ def train_online(stage: str, recipe, runs: Runs, make_trainer: Callable[..., Any
                         "rl/heldout_prompts": len(heldout), "rl/train_prompts": len(train),
                         "rl/generation": backend, "rl/weight_syncs": rollouts.syncs if rollouts else 0,
                         **loss_settings(recipe.trainer), **watch.summary(),
-                        **is_correction(recipe.trainer, backend,
-                                        on_server=asynchronous is not None and asynchronous.is_mode != "none"),
+                        **is_correction(recipe.trainer, backend, on_server=server_is_mode != "none" or (
+                                        asynchronous is not None and asynchronous.is_mode != "none")),
                         **(asynchronous.summary() if asynchronous is not None else {}),
                         **reward_figures(trainer.state.log_history, [fn.__name__ for fn in rewards],
                                          details_before, details), **tool_figures(details_before, details)})

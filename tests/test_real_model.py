@@ -168,6 +168,7 @@ def test_grpo_rolls_out_through_vllm_on_gsm8k_prompts(real_model_run, runs, gsm8
     metrics = run.metrics
     assert run.status == "done" and metrics["train/steps"] == 2
     assert metrics["rl/generation"] == "vllm-server" and metrics["rl/weight_syncs"] >= 1
+    assert metrics["rl/is_correction"] == "sequence_mask"       # TRL's IS correction, on by default
     assert (metrics["rl/train_prompts"], metrics["rl/heldout_prompts"]) == (8, 2)
     assert 0.0 <= metrics["rl/heldout_reward_before"] <= 1.0 and 0.0 <= metrics["rl/heldout_reward_after"] <= 1.0
     logged = [json.loads(line) for line in open(run.path / "metrics.jsonl")]

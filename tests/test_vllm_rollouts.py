@@ -190,6 +190,8 @@ def test_a_skipped_weight_sync_is_caught_at_the_next_step(runs, sft_run, data_ru
     logged = [json.loads(line) for line in run.metrics_path.read_text().splitlines()]
     first = [row["parity/logprob_gap_mean"] for row in logged if "parity/logprob_gap_mean" in row]
     assert len(first) == 1 and first[0] < 1e-3             # step 1, sampled from the weights it trains: in parity
+    # TRL's importance-sampling correction is on for the synchronous server path too (its sampling/… figures)
+    assert any("sampling/importance_sampling_ratio/mean" in row for row in logged)
 
 
 @needs_vllm
