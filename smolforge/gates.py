@@ -54,7 +54,7 @@ from smolforge.item_scores import item_scores, scored_by
 from smolforge.paired import compare
 from smolforge.recipe import check_keys
 from smolforge.runs import Run, Runs
-from smolforge.seeds import check_bound, compare_spreads, metric_spread, read_seeds
+from smolforge.seeds import check_bound, compare_seed_pairs, compare_spreads, metric_spread, read_seeds, seed_pairs
 
 __all__ = ["GATE_KEYS", "Gate", "GateResult", "parse_gates", "check_gates", "failures", "rerun_with_more_items"]
 
@@ -300,6 +300,11 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
             if tolerance is None:
                 continue
             what = f"{gate.metric} {value:.3f} against {label} {reference:.3f}"
+            by_seed = seed_pairs(run, ref_run, gate.metric) if spread and ref_spread else None
+            if by_seed is not None:    # seed-matched chains: the differences seed by seed
+                judged(compare_seed_pairs(*by_seed, tolerance=tolerance, higher_is_better=higher_is_better,
+                                          confidence=confidence), what)
+                continue
             if spread or ref_spread:   # seeds on one side or both: the difference of means and its noise
                 judged(compare_spreads(spread or {"mean": value, "sd": None, "n": 1},
                                        ref_spread or {"mean": reference, "sd": None, "n": 1}, tolerance=tolerance,

@@ -50,8 +50,10 @@ writing run ``NAME-seedS`` (the stage's seed key set: :mod:`smolforge.seeds`) wi
 follow a model step, and then write the seeds run ``NAME`` in this process: the mean of every
 metric over the seeds (the evals' scores included) and ``seeds.json`` with mean, sd and n; its
 other entries link to the first seed's, so a later step naming ``NAME`` as its parent starts from
-the first seed's model. The step's gates are checked on ``NAME`` with the spread
-(:mod:`smolforge.gates`), and the summary shows each score there as ``mean ± sd (n=…)``.
+the first seed's model; a later step with the same ``seeds:`` whose ``parent`` (or ``reference``) is
+``NAME`` chains seed by seed instead (seed S from ``NAME-seedS``), so every seed is a whole chain.
+The step's gates are checked on ``NAME`` with the spread (:mod:`smolforge.gates`; seed by seed where
+the chains match), and the summary shows each score there as ``mean ± sd (n=…)``.
 
 Promotion gates (``gates:``, a step-level key next to ``recipe``/``set``, or a key of an inline
 step; see :mod:`smolforge.gates` for the rules ``against``/``max_drop``/``max_rise``/``min``/``max``)
@@ -311,6 +313,7 @@ def _expand_seeds(steps: list[Step], source: str) -> list[Step]:
     that writes the seeds run ``NAME`` (with the gates); RecipeError for a bad ``seeds:``, a stage
     without a seed, or a step without a name."""
     out: list[Step] = []
+    seeded: dict[str, list[int]] = {}   # earlier seeded steps' names and seeds: a later one chains seed by seed
     for step in steps:
         if step.seed_spec is None:
             out.append(step)
@@ -327,10 +330,14 @@ def _expand_seeds(steps: list[Step], source: str) -> list[Step]:
         names = []
         for seed in chosen:
             recipe = seeding.seeded_recipe(step.recipe, key, seed, step.name, f"{where} seeds")
+            for field in ("parent", "reference", "data"):   # from the earlier seeded step's run of the same seed
+                if isinstance(recipe.get(field), str) and seeded.get(recipe[field]) == chosen:
+                    recipe[field] = seeding.seed_run_name(recipe[field], seed)
             out.append(dataclasses.replace(step, label=f"{step.label} seed {seed}", recipe=recipe, gates=[],
                                            seed_spec=None))
             names.append(recipe["name"])
         out.append(dataclasses.replace(step, launch=None, seed_spec=None, seeds=SeedPlan(key, chosen, names)))
+        seeded[step.name] = chosen
     return out
 
 

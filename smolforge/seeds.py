@@ -51,6 +51,7 @@ import json
 import math
 import os
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
@@ -280,6 +281,7 @@ class SpreadResult:
     confidence: float
     tolerance: float
     borrowed: bool = False      # one side was a single run: it was given the other side's sd
+    paired: bool = False        # seed by seed: each new seed run descends from the reference's run of that seed
 
     def describe(self) -> str:
         """The interval in words.
@@ -288,7 +290,7 @@ class SpreadResult:
         'Δ -0.010 ± 0.012 (95 % bounds [-0.030, 0.010], 3 seeds against 3, tolerance 0.050): pass'
         """
         against = (f"{self.seeds[0]} seeds against a single run (given their sd)" if self.borrowed
-                   else f"{self.seeds[0]} seeds against {self.seeds[1]}")
+                   else f"{self.seeds[0]} seed pairs" if self.paired else f"{self.seeds[0]} seeds against {self.seeds[1]}")
         return (f"Δ {self.difference:+.3f} ± {self.stderr:.3f} ({100 * self.confidence:g} % bounds "
                 f"[{self.low:+.3f}, {self.high:+.3f}], {against}, tolerance {self.tolerance:.3f}): "
                 f"{self.verdict}").replace("+", "")
@@ -298,7 +300,7 @@ class SpreadResult:
         return {"verdict": self.verdict, "difference": round(self.difference, 5), "stderr": round(self.stderr, 5),
                 "low": round(self.low, 5), "high": round(self.high, 5), "items": None, "seeds": list(self.seeds),
                 "df": round(self.df, 3), "confidence": self.confidence, "tolerance": self.tolerance,
-                "basis": "seeds"}
+                "basis": "seed pairs" if self.paired else "seeds"}
 
 
 def _verdict(difference: float, stderr: float, df: float, *, tolerance: float, higher_is_better: bool,
@@ -348,6 +350,55 @@ def compare_spreads(new: dict, reference: dict, *, tolerance: float, higher_is_b
                                   confidence=confidence)
     return SpreadResult(verdict, difference, stderr, low, high, (int(new["n"]), int(reference["n"])), df,
                         confidence, tolerance, borrowed)
+
+
+def seed_pairs(run: Run, reference: Run, metric: str) -> tuple[list[float], list[float]] | None:
+    """Both seeds runs' values of ``metric`` seed by seed, where every seed run of ``run`` has the
+    reference's run of the same seed among its parents (a pipeline chains seeded steps so); else None."""
+    new, old = read_seeds(run), read_seeds(reference)
+    if not new or not old or new.get("seeds") != old.get("seeds"):
+        return None
+    new_stats, old_stats = (r.get("metrics", {}).get(metric) or {} for r in (new, old))
+    new_values, old_values = new_stats.get("values"), old_stats.get("values")
+    if not new_values or not old_values or len(new_values) != len(old_values) or len(new_values) < 2:
+        return None
+    for seed_run, parent_name in zip(new.get("runs", []), old.get("runs", [])):
+        try:
+            parents = run_parents(run.path.parent / seed_run)
+        except (OSError, ValueError):
+            return None
+        if parent_name not in parents:
+            return None
+    return [float(v) for v in new_values], [float(v) for v in old_values]
+
+
+def run_parents(folder: Path) -> list[str]:
+    """The parent runs recorded in a run folder's run.json, by name (a parent outside the root: its folder's name)."""
+    info = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    return [Path(str(p)).name for p in info.get("parents") or []]
+
+
+def compare_seed_pairs(new: list[float], reference: list[float], *, tolerance: float, higher_is_better: bool,
+                       confidence: float = 0.95) -> SpreadResult:
+    """The verdict on seed-by-seed differences (each new seed run trained from the reference's run of that
+    seed): their mean, its standard error sd/√n and Student's t with n − 1 degrees of freedom. The chain's
+    own seed-to-seed spread cancels, so three seeds can resolve what two independent means cannot.
+
+    >>> compare_seed_pairs([0.09, 0.10, 0.10], [0.05, 0.04, 0.08], tolerance=0.05, higher_is_better=False).verdict
+    'inconclusive'
+    >>> compare_seed_pairs([0.36, 0.36, 0.37], [0.34, 0.45, 0.59], tolerance=0.05, higher_is_better=True).verdict
+    'inconclusive'
+    >>> compare_seed_pairs([0.52, 0.53, 0.51], [0.50, 0.51, 0.50], tolerance=0.0, higher_is_better=True).verdict
+    'pass'
+    """
+    diffs = [a - b for a, b in zip(new, reference)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
+    stderr = sd / math.sqrt(n)
+    verdict, low, high = _verdict(mean, stderr, n - 1, tolerance=tolerance, higher_is_better=higher_is_better,
+                                  confidence=confidence)
+    return SpreadResult(verdict, mean, stderr, low, high, (n, n), float(n - 1), confidence, tolerance, paired=True)
 
 
 def check_bound(stats: dict, bound: float, *, at_least: bool, confidence: float = 0.95) -> SpreadResult:

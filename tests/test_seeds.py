@@ -173,6 +173,35 @@ def test_a_pipeline_step_with_seeds_runs_each_seed_then_gates_the_spread(tmp_pat
     assert json.loads(runs.get("data-p").gates_path.read_text())["passed"]
 
 
+def test_seeded_steps_chain_seed_by_seed_and_their_gate_pairs_the_seeds(tmp_path, runs):
+    """A seeded step whose parent (or data) is an earlier seeded step with the same seeds trains seed S
+    from that step's run of seed S; the gate then judges the differences seed by seed, which cancel the
+    chain's own spread: a rise of 0.04 ± 0.005 resolves where the difference of two means could not."""
+    data_recipe(tmp_path, "data-c")
+    pipe = tmp_path / "chain.yaml"
+    pipe.write_text(textwrap.dedent("""        pipeline:
+          - {recipe: data-c.yaml, seeds: [4, 5]}
+          - {stage: pretrain, name: pre-c, data: data-c, seeds: [4, 5]}
+          - {stage: pretrain, name: pre-one, data: data-c, seeds: [4]}
+        """))
+    steps = load_pipeline(pipe).steps
+    assert [s.recipe["data"] for s in steps if s.name and s.name.startswith("pre-c-")] == ["data-c-seed4", "data-c-seed5"]
+    assert [s.recipe["data"] for s in steps if s.name == "pre-one-seed4"] == ["data-c"]   # other seeds: no chain
+    sft = seeds_run(runs, "sft-c", [0.05, 0.04, 0.08], metric="redteam/attack_success")
+    dpo_seeds = [finished_run(runs, f"dpo-c-seed{i}", {"redteam/attack_success": v}, parents=[f"sft-c-seed{i}"])
+                 for i, v in enumerate([0.09, 0.085, 0.12])]
+    dpo = aggregate(runs, "dpo-c", dpo_seeds, [0, 1, 2], "trainer.seed")
+    result = check_gates(dpo, runs, [{"metric": "redteam/attack_success", "against": "sft-c", "max_rise": 0.05}])[0]
+    by_seed = result.paired[0]
+    assert by_seed["basis"] == "seed pairs" and by_seed["verdict"] == "pass" and by_seed["high"] < 0.05
+    assert "3 seed pairs" in result.message
+    unmatched = [finished_run(runs, f"dpo-u-seed{i}", {"redteam/attack_success": v}, parents=["sft-c-seed0"])
+                 for i, v in enumerate([0.09, 0.085, 0.12])]
+    loose = check_gates(aggregate(runs, "dpo-u", unmatched, [0, 1, 2], "trainer.seed"), runs,
+                        [{"metric": "redteam/attack_success", "against": "sft-c", "max_rise": 0.05}])[0]
+    assert loose.paired[0]["basis"] == "seeds" and loose.paired[0]["verdict"] == "inconclusive"
+
+
 # --------------------------------------------------------------------------- bad input
 
 
