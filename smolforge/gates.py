@@ -373,12 +373,23 @@ def failures(results: Iterable[GateResult]) -> list[str]:
 
 
 def rerun_with_more_items(run: Run, runs: Runs, results: list[GateResult],
-                          evaluate: Callable[[str, str], object]) -> list[GateResult]:
+                          evaluate: Callable[[list[tuple[str, str]]], object]) -> list[GateResult]:
     """``results`` with each ``inconclusive: rerun`` gate whose paired verdict was inconclusive decided again
-    on every item: ``evaluate(run_name, suite)`` scores a run on the whole suite (the pipeline runs its eval
-    recipe with ``limit: null``) for each of the two runs that was scored on fewer; where both already
-    were, nothing can grow and the verdict stays inconclusive, counted as fail, and says so.
+    on every item: ``evaluate([(run_name, suite), ...])`` scores runs on whole suites (the pipeline runs its
+    eval recipes with ``limit: null``, in one process), once for all such gates, for each run that was
+    scored on fewer; where both runs of a gate already were, nothing can grow and the verdict stays
+    inconclusive, counted as fail, and says so.
     """
+    wanted: dict[tuple[str, str], None] = {}
+    for result in results:
+        if result.gate.inconclusive != "rerun" or not any(p.get("verdict") == "inconclusive" for p in result.paired):
+            continue
+        for name in [run.name] + ([result.reference_run] if result.reference_run else []):
+            scored = scored_by(runs.get(name, require_done=False), result.gate.metric)
+            if scored is not None and scored[1] is not None:
+                wanted[(name, scored[0])] = None
+    if wanted:
+        evaluate(list(wanted))
     out = []
     for result in results:
         gate = result.gate
@@ -386,18 +397,12 @@ def rerun_with_more_items(run: Run, runs: Runs, results: list[GateResult],
             out.append(result)
             continue
         names = [run.name] + ([result.reference_run] if result.reference_run else [])
-        limited = {}
-        for name in names:
-            scored = scored_by(runs.get(name, require_done=False), gate.metric)
-            if scored is not None and scored[1] is not None:
-                limited[name] = scored[0]
+        limited = sorted(name for name in names if any(key[0] == name for key in wanted))
         if not limited:
             out.append(dataclasses.replace(result, message=f"{result.message}; rerun: both runs were already "
                                                           "scored on every item of the suite, none to add"))
             continue
-        for name, suite in limited.items():
-            evaluate(name, suite)
         [again] = check_gates(runs.get(run.name, require_done=False), runs, [gate])
         out.append(dataclasses.replace(again, message=f"{again.message} (rerun on every item: "
-                                                      f"{', '.join(sorted(limited))} had been scored on fewer)"))
+                                                      f"{', '.join(limited)} had been scored on fewer)"))
     return out

@@ -568,9 +568,8 @@ def run_pipeline(
                 stream = sys.stderr if as_json else out
                 results = _check_step_gates(step, target, root, stream)
                 if any(r.gate.inconclusive == "rerun" and not r.passed for r in results):
-                    def evaluate(run_name: str, suite: str) -> None:
-                        _rerun_eval(pipeline, step, run_name, suite, root, Path(tmpdir), debug=debug,
-                                    quiet_stdout=as_json)
+                    def evaluate(wanted: list[tuple[str, str]]) -> None:
+                        _rerun_evals(pipeline, step, wanted, root, Path(tmpdir), debug=debug, quiet_stdout=as_json)
                     results = _check_step_gates(step, target, root, stream, rerun=evaluate, first=results)
                 verdicts[target] = results
                 failed = failures(results)
@@ -614,25 +613,33 @@ def _step_failure(step: Step, result: StepResult, root: Path) -> str:
     return f"{head} before it reported an error{see}; its last output lines:\n{lines}"
 
 
-def _rerun_eval(pipeline: Pipeline, step: Step, run_name: str, suite: str, root: Path, tmp: Path, *,
-                debug: bool, quiet_stdout: bool) -> None:
-    """Score ``run_name`` on every item of ``suite`` with the eval recipe that scores it in this pipeline:
-    the gated step's own (an inline eval step), else the pipeline's ``eval:`` recipe for that suite."""
+def _rerun_evals(pipeline: Pipeline, step: Step, wanted: list[tuple[str, str]], root: Path, tmp: Path, *,
+                 debug: bool, quiet_stdout: bool) -> None:
+    """Score each ``(run, suite)`` of ``wanted`` on every item of the suite, in one process, with the eval
+    recipe that scores that suite in this pipeline: the gated step's own (an inline eval step), else the
+    pipeline's ``eval:`` recipe for it."""
     def suite_of(recipe: dict) -> str:
         return Path(str(recipe.get("suite") or "embedded")).name
 
+    owner = (step.gates_of or step).label
     candidates = ([step.recipe] if step.stage == EVAL_STAGE else []) + list(pipeline.evals)
-    template = next((r for r in candidates if suite_of(r) == suite), None)
-    if template is None:
-        raise RunError(f"pipeline {(step.gates_of or step).label}: a gate asks to rerun on suite '{suite}', but no "
-                       f"eval recipe of the pipeline scores it")
-    recipe = {**copy.deepcopy(template), "stage": EVAL_STAGE, "run": run_name, "limit": None,
-              "name": f"eval-all-{run_name}"}
-    label = f"{(step.gates_of or step).label} rerun of {run_name}"
-    result = _run_step(Step(label, EVAL_STAGE, recipe, f"{pipeline.path} (rerun)"), 900, root, tmp,
-                       overwrite=True, debug=debug, quiet_stdout=quiet_stdout)
-    if result.code != 0:
-        raise RunError(_step_failure(Step(label, EVAL_STAGE, recipe, str(pipeline.path)), result, root))
+    steps = []
+    for run_name, suite in wanted:
+        template = next((r for r in candidates if suite_of(r) == suite), None)
+        if template is None:
+            raise RunError(f"pipeline {owner}: a gate asks to rerun on suite '{suite}', but no eval recipe of the "
+                           "pipeline scores it")
+        recipe = {**copy.deepcopy(template), "stage": EVAL_STAGE, "run": run_name, "limit": None,
+                  "name": f"eval-all-{run_name}"}
+        steps.append(Step(f"{owner} rerun of {run_name}", EVAL_STAGE, recipe, f"{pipeline.path} (rerun)"))
+    options = dict(overwrite=True, debug=debug, quiet_stdout=quiet_stdout)
+    results = (_run_steps_together(steps, 900, root, tmp, **options) if len(steps) > 1
+               else [_run_step(steps[0], 900, root, tmp, **options)])
+    for rerun, result in zip(steps, results):
+        if result.code != 0:
+            raise RunError(_step_failure(rerun, result, root))
+    if len(results) < len(steps):
+        raise RunError(f"pipeline {owner}: the rerun stopped before it scored every run")
 
 
 def _gated_run(step: Step, name: str | None) -> str:

@@ -374,7 +374,7 @@ def seed_pairs(run: Run, reference: Run, metric: str) -> tuple[list[float], list
 
 def run_parents(folder: Path) -> list[str]:
     """The parent runs recorded in a run folder's run.json, by name (a parent outside the root: its folder's name)."""
-    info = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    info = json.loads(RunLayout(folder).json_path.read_text(encoding="utf-8"))
     return [Path(str(p)).name for p in info.get("parents") or []]
 
 

@@ -377,6 +377,6 @@ def test_rerun_on_a_suite_scored_whole_has_nothing_to_add_and_counts_as_fail(run
     assert not first[0].passed and first[0].paired[0]["verdict"] == "inconclusive"
     assert first[0].message.endswith("(counted as fail until rerun on more items)")
     asked = []
-    [again] = rerun_with_more_items(new, runs, first, lambda name, suite: asked.append((name, suite)))
+    [again] = rerun_with_more_items(new, runs, first, asked.extend)
     assert asked == [] and not again.passed
     assert again.message.endswith("rerun: both runs were already scored on every item of the suite, none to add")
