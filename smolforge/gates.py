@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -220,6 +221,16 @@ def _parents(run: Run) -> list[Run]:
     return found
 
 
+def _seeds_run_of(seed_run: Run, runs: Runs) -> Run | None:
+    """The seeds run ``NAME`` that ``seed_run`` (``NAME-seedS``) is one seed of, or None."""
+    match = re.fullmatch(r"(.+)-seed\d+", seed_run.name)
+    if match is None or not runs.exists(match[1]):
+        return None
+    candidate = runs.get(match[1], require_done=False)
+    record = read_seeds(candidate)
+    return candidate if record and seed_run.name in record.get("runs", []) else None
+
+
 def _nearest_with(run: Run, metric: str) -> tuple[Run | None, list[str]]:
     """Breadth-first up the lineage: the nearest ancestor holding ``metric``, and who was looked at.
     A seeds run's parents are its own seed runs: the walk starts above them."""
@@ -277,6 +288,8 @@ def _check(run: Run, runs: Runs, gate: Gate) -> GateResult:
     if gate.against is not None:
         if gate.against == "parent":
             ref_run, looked = _nearest_with(run, gate.metric)
+            if ref_run is not None and spread:   # seed chains: the parent of seed S is the seeds run's seed S
+                ref_run = _seeds_run_of(ref_run, runs) or ref_run
             if ref_run is None:
                 where = ", ".join(looked) if looked else "it has no parents"
                 return GateResult(gate, False, f"gate failed: no ancestor of {run.name} has metric "

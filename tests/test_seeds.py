@@ -195,6 +195,8 @@ def test_seeded_steps_chain_seed_by_seed_and_their_gate_pairs_the_seeds(tmp_path
     by_seed = result.paired[0]
     assert by_seed["basis"] == "seed pairs" and by_seed["verdict"] == "pass" and by_seed["high"] < 0.05
     assert "3 seed pairs" in result.message
+    [by_parent] = check_gates(dpo, runs, [{"metric": "redteam/attack_success", "against": "parent", "max_rise": 0.05}])
+    assert by_parent.reference_run == "sft-c" and by_parent.paired[0]["basis"] == "seed pairs"   # not sft-c-seed0
     unmatched = [finished_run(runs, f"dpo-u-seed{i}", {"redteam/attack_success": v}, parents=["sft-c-seed0"])
                  for i, v in enumerate([0.09, 0.085, 0.12])]
     loose = check_gates(aggregate(runs, "dpo-u", unmatched, [0, 1, 2], "trainer.seed"), runs,
