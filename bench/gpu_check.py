@@ -346,7 +346,9 @@ def part_sft_packed(ctx: Context) -> dict:
     speed = {kind: f["tokens_per_s"] for kind, f in figures.items()}
     return {"params": base["params"], "first_loss": first, "max_rel_diff": worst, "tolerance": tolerance,
             "attention": {kind: f["attn_implementation"] for kind, f in figures.items()}, "tokens_per_s": speed,
-            "varlen_vs_blockmask": round(speed["varlen"] / speed["blockmask"], 3)}
+            # a 2-step CPU run can finish inside train/seconds' rounding: no rate, no ratio (None), not a crash
+            "varlen_vs_blockmask": round(speed["varlen"] / speed["blockmask"], 3)
+            if speed["varlen"] and speed["blockmask"] else None}
 
 
 def accelerate_config(work: Path, *, cpu: bool, processes: int) -> Path:
