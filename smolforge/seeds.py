@@ -364,18 +364,12 @@ def seed_pairs(run: Run, reference: Run, metric: str) -> tuple[list[float], list
         return None
     for seed_run, parent_name in zip(new.get("runs", []), old.get("runs", [])):
         try:
-            parents = run_parents(run.path.parent / seed_run)
-        except (OSError, ValueError):
+            parents = Run(run.path.parent / seed_run).parents
+        except (OSError, ValueError, RunError):
             return None
-        if parent_name not in parents:
+        if parent_name not in {Path(str(p)).name for p in parents}:
             return None
     return [float(v) for v in new_values], [float(v) for v in old_values]
-
-
-def run_parents(folder: Path) -> list[str]:
-    """The parent runs recorded in a run folder's run.json, by name (a parent outside the root: its folder's name)."""
-    info = json.loads(RunLayout(folder).json_path.read_text(encoding="utf-8"))
-    return [Path(str(p)).name for p in info.get("parents") or []]
 
 
 def compare_seed_pairs(new: list[float], reference: list[float], *, tolerance: float, higher_is_better: bool,
