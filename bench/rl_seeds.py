@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/rl_seeds.py                          # GRPO, seeds 0 1 2, from runs/sft-demo
     .venv/bin/python bench/rl_seeds.py --stages grpo rloo ppo --seeds 0 1 2 3
-    .venv/bin/python bench/rl_seeds.py --runs-dir /tmp/bench-runs  # builds data → pretrain → SFT there if missing
+    .venv/bin/python bench/rl_seeds.py --runs-dir /tmp/bench-runs  # builds data → pretrain → long context → SFT there if missing
     .venv/bin/python bench/rl_seeds.py --losses dapo dr_grpo       # GRPO with two losses of its family, same seeds
 
 Each (stage, seed) runs the stage's demo recipe (recipes/demo/<stage>.yaml) from the demo SFT
@@ -49,10 +49,11 @@ def ensure_parent(runs_dir: Path) -> None:
     runs = Runs(runs_dir)
     if {r.name for r in runs.list() if r.status == "done"} >= {"data-demo", "sft-demo"}:
         return
-    print(f"building data-demo → pretrain-demo → sft-demo in {runs_dir} (demo recipes) …", flush=True)
+    print(f"building data-demo → pretrain-demo → longctx-demo → sft-demo in {runs_dir} (demo recipes) …", flush=True)
     smolforge(runs_dir, "data", "prepare", str(DEMO / "data.yaml"), "--overwrite")
-    for stage in ("pretrain", "sft"):
-        smolforge(runs_dir, stage, "--config", str(DEMO / f"{stage}.yaml"), "--overwrite")
+    # sft.yaml's parent is the long-context extension (longctx.yaml, a pretrain recipe), as in `make demo`
+    for stage, recipe in (("pretrain", "pretrain"), ("pretrain", "longctx"), ("sft", "sft")):
+        smolforge(runs_dir, stage, "--config", str(DEMO / f"{recipe}.yaml"), "--overwrite")
 
 
 def loss_sets(loss: str | None) -> list[str]:

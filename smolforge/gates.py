@@ -385,6 +385,16 @@ def failures(results: Iterable[GateResult]) -> list[str]:
     return [r.message for r in results if not r.passed]
 
 
+def asks_rerun(result: GateResult) -> bool:
+    """Whether ``result`` is an ``inconclusive: rerun`` gate whose paired verdict was inconclusive (the
+    pipeline then scores both runs on every item and decides again).
+
+    >>> asks_rerun(GateResult(Gate("a", min=1.0), False, "gate failed: a 0.500 < min 1.000", 0.5))
+    False
+    """
+    return result.gate.inconclusive == "rerun" and any(p.get("verdict") == "inconclusive" for p in result.paired)
+
+
 def rerun_with_more_items(run: Run, runs: Runs, results: list[GateResult],
                           evaluate: Callable[[list[tuple[str, str]]], object]) -> list[GateResult]:
     """``results`` with each ``inconclusive: rerun`` gate whose paired verdict was inconclusive decided again
@@ -395,7 +405,7 @@ def rerun_with_more_items(run: Run, runs: Runs, results: list[GateResult],
     """
     wanted: dict[tuple[str, str], None] = {}
     for result in results:
-        if result.gate.inconclusive != "rerun" or not any(p.get("verdict") == "inconclusive" for p in result.paired):
+        if not asks_rerun(result):
             continue
         for name in [run.name] + ([result.reference_run] if result.reference_run else []):
             scored = scored_by(runs.get(name, require_done=False), result.gate.metric)
@@ -406,7 +416,7 @@ def rerun_with_more_items(run: Run, runs: Runs, results: list[GateResult],
     out = []
     for result in results:
         gate = result.gate
-        if gate.inconclusive != "rerun" or not any(p.get("verdict") == "inconclusive" for p in result.paired):
+        if not asks_rerun(result):
             out.append(result)
             continue
         names = [run.name] + ([result.reference_run] if result.reference_run else [])

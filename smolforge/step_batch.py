@@ -69,14 +69,20 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def gates_pass(gated: dict) -> bool:
     """Whether run ``gated["run"]`` in ``gated["runs_dir"]`` passes ``gated["gates"]``."""
-    from smolforge.gates import check_gates, failures
+    from smolforge.gates import asks_rerun, check_gates, failures
     from smolforge.runs import Runs
 
     runs = Runs(gated["runs_dir"])
-    failed = failures(check_gates(runs.get(gated["run"], require_done=False), runs, gated["gates"]))
-    if failed:
+    results = check_gates(runs.get(gated["run"], require_done=False), runs, gated["gates"])
+    if not failures(results):
+        return True
+    if all(asks_rerun(r) for r in results if not r.passed):
+        # the pipeline scores both runs on every item, decides again and requeues the steps after it
+        print(f"gates on {gated['run']} are inconclusive and ask for a rerun: this process stops here; the pipeline "
+              "rescores on every item and runs the steps after it if the gates then pass", file=sys.stderr)
+    else:
         print(f"gates on {gated['run']} failed; the steps after it in this process do not run", file=sys.stderr)
-    return not failed
+    return False
 
 
 if __name__ == "__main__":

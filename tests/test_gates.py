@@ -380,3 +380,19 @@ def test_rerun_on_a_suite_scored_whole_has_nothing_to_add_and_counts_as_fail(run
     [again] = rerun_with_more_items(new, runs, first, asked.extend)
     assert asked == [] and not again.passed
     assert again.message.endswith("rerun: both runs were already scored on every item of the suite, none to add")
+
+
+def test_a_process_batch_stopped_by_a_rerun_gate_says_the_pipeline_reruns_it(runs, capsys):
+    """``share_process``: the batch stops at a failing gate; what it prints depends on why (a rerun gate
+    whose paired verdict is inconclusive goes on after the pipeline's rerun, a plain failure does not)."""
+    from smolforge.step_batch import gates_pass
+
+    scored(runs, "base", [1.0] * 20)
+    scored(runs, "new", [1.0] * 17 + [0.0] * 3, parents=["base"])        # -0.15 ± 0.08 against 0.1: inconclusive
+    rule = {"metric": "instruct/exact_match", "against": "parent", "max_drop": 0.1}
+    gated = {"run": "new", "runs_dir": str(runs.root)}
+    assert gates_pass({**gated, "gates": parse_gates([{**rule, "inconclusive": "rerun"}])}) is False
+    assert "are inconclusive and ask for a rerun" in capsys.readouterr().err
+    assert gates_pass({**gated, "gates": parse_gates([rule])}) is False               # inconclusive counted as fail
+    assert "failed; the steps after it in this process do not run" in capsys.readouterr().err
+    assert gates_pass({**gated, "gates": parse_gates([{**rule, "max_drop": 0.5}])}) is True
