@@ -90,7 +90,7 @@ from typing import Any, TextIO
 import yaml
 
 from smolforge.errors import RecipeError, RunError, SmolforgeError
-from smolforge.gates import Gate, GateResult, check_gates, failures, parse_gates, rerun_with_more_items
+from smolforge.gates import Gate, GateResult, asks_rerun, check_gates, failures, parse_gates, rerun_with_more_items
 from smolforge.launchers import LAUNCHER_ENV, LaunchSpec, launch_command, remove_shm_buffers
 from smolforge.recipe import apply_overrides, check_keys, load_yaml, set_path
 from smolforge.processes import exit_text, free_port, run_showing_output
@@ -567,7 +567,7 @@ def run_pipeline(
                 target = _gated_run(step, name)
                 stream = sys.stderr if as_json else out
                 results = _check_step_gates(step, target, root, stream)
-                if any(r.gate.inconclusive == "rerun" and not r.passed for r in results):
+                if any(asks_rerun(r) for r in results):   # not a rerun gate that failed outright
                     def evaluate(wanted: list[tuple[str, str]]) -> None:
                         _rerun_evals(pipeline, step, wanted, root, Path(tmpdir), debug=debug, quiet_stdout=as_json)
                     results = _check_step_gates(step, target, root, stream, rerun=evaluate, first=results)
