@@ -92,6 +92,13 @@ def _sbatch_lines(spec: SlurmSpec, name: str, slurm_dir: Path, single: bool = Fa
     return ["#SBATCH " + line for line in lines + list(spec.sbatch)]
 
 
+# Said before `scontrol requeue`: slurmctld kills this script as it requeues the job, and a line echoed after
+# the requeue was lost from the log now and then (seen in make test).
+REQUEUE = ('echo "smolforge: requeueing job $SLURM_JOB_ID (the stage checkpointed and stopped)"\n'
+           '  scontrol requeue "$SLURM_JOB_ID" || { echo "smolforge: scontrol requeue failed" >&2; exit 1; }\n'
+           '  exit 0')
+
+
 def job_script(spec: SlurmSpec, smolforge_args: list[str], run_dir: Path, *, name: str,
                python: str | None = None, single: bool = False) -> str:
     """The batch script that runs ``smolforge <smolforge_args>`` on the allocation, ranks started as
@@ -128,7 +135,7 @@ while kill -0 "$STEP" 2>/dev/null; do wait "$STEP"; CODE=$?; done
 wait "$STEP" 2>/dev/null; CODE=${{CODE:-$?}}
 if [ -e "${STOP_FILE_ENV}" ]; then
   rm -f "${STOP_FILE_ENV}"
-  {'scontrol requeue "$SLURM_JOB_ID" && echo "smolforge: requeued job $SLURM_JOB_ID" && exit 0' if spec.requeue else 'exit 0'}
+  {REQUEUE if spec.requeue else 'exit 0'}
 fi
 exit "$CODE"
 """

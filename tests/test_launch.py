@@ -27,6 +27,9 @@ def test_dry_run_prints_a_two_node_eight_gpu_script_with_the_rendezvous_and_writ
                      'export MASTER_ADDR=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)'):
         assert expected in lines, expected
     assert '  --nnodes "$SLURM_JOB_NUM_NODES" --nproc_per_node 8 \\' in lines
+    # the requeue is said before it is asked: slurmctld kills the script as it requeues the job
+    said = lines.index('  echo "smolforge: requeueing job $SLURM_JOB_ID (the stage checkpointed and stopped)"')
+    assert lines[said + 1].startswith('  scontrol requeue "$SLURM_JOB_ID" || ')
     assert '  --rdzv_id "$SLURM_JOB_ID" --rdzv_backend c10d --rdzv_endpoint "$MASTER_ADDR:$MASTER_PORT" \\' in lines
     # the rendezvous port stays out of the range free_port() hands out (20000 up to the ephemeral ports)
     from smolforge.processes import free_port

@@ -55,7 +55,7 @@ def test_slurm_job_signalled_before_its_time_limit_requeues_and_matches_the_loca
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], check=True, env=slurm.env, timeout=30)
     _wait_for(lambda: _status(run_dir) == "done", 240, "the requeued job to finish")
     log = (run_dir / "slurm" / f"job-{job}.out").read_text()
-    assert "stop asked (USR1)" in log and f"requeued job {job}" in log
+    assert "stop asked (USR1)" in log and f"requeueing job {job}" in log
     stopped, resumed = events(run_dir, "stopped"), events(run_dir, "resume")
     assert len(stopped) == 1 and len(resumed) == 1 and resumed[0]["step"] == stopped[0]["step"] < ZERO_TRAIN["max_steps"]
     info = json.loads((run_dir / "run.json").read_text())
