@@ -18,7 +18,10 @@ if [ -z "${PY:-}" ]; then
   PY=python3
   [ -x .venv/bin/python ] && PY=.venv/bin/python   # a `make setup` environment has everything
 fi
-if ! "$PY" -c "import smolforge.pretrain, trl, deepspeed, datasets" 2>/dev/null; then
+# found, not imported: importing them costs a process ~3 CPU-s and each part imports them anyway (a
+# broken install then fails in the part's log, with its traceback, instead of installing the kit over it)
+if ! "$PY" -c "import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in
+    ('smolforge.pretrain', 'trl', 'deepspeed', 'datasets')))" 2>/dev/null; then
   # an image without the training stack: install the carried kit, no index, no dependency resolution
   if ! ls "$KIT"/*.whl >/dev/null 2>&1; then
     echo "{\"bench\": \"gpu_check\", \"ok\": false, \"error\": \"$PY lacks smolforge/TRL/DeepSpeed/datasets and $KIT/ holds no wheels: build the kit with bash bench/gpu_kit.sh where PyPI is reachable\"}"
