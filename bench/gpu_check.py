@@ -6,7 +6,8 @@
 
 ``bench/gpu_check.sh`` installs the kit (``bench/gpu_kit.sh``) when the node's python3 lacks TRL,
 DeepSpeed or smolforge, then runs this driver. Each part runs in its own process group under its
-own time limit (a hang loses that part only), writes its log to ``OUT/<part>.log`` and its figures
+own time limit (a hang loses that part only; with ``--cpu`` the parts are forked from the driver,
+which imported the training stack once), writes its log to ``OUT/<part>.log`` and its figures
 to a JSON file; the driver keeps going past a failure. ``OUT/summary.json`` holds every part's
 status, seconds and figures; the last line on stdout is the same object. At most 8 files, each
 small (logs keep their last :data:`LOG_LIMIT` bytes). Exit status 0 only when no part failed.
@@ -552,27 +553,21 @@ def tail(path: Path, lines: int = 12) -> str:
 
 
 def start_part(name: str, ctx: Context, out: Path, limit: float) -> dict:
-    """Run part ``name`` in its own process group, killed (with everything it started) at ``limit`` seconds."""
+    """Run part ``name`` in its own process group, killed (with everything it started) at ``limit`` seconds:
+    forked from this driver when :func:`preload_stack` made that safe (``--cpu``), else a fresh process."""
     log_path, figures_path = out / f"{name}.log", ctx.work / f"{name}.figures.json"
-    command = [ctx.python, str(Path(__file__).resolve()), "--part", name, "--work", str(ctx.work)] + \
-        (["--cpu"] if ctx.cpu else [])
     started = time.perf_counter()
     with log_path.open("w") as log:
-        child = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ctx.work,
-                                 env=ctx.env(), start_new_session=True)
-        try:
-            code = child.wait(timeout=limit)
-            timed_out = False
-        except subprocess.TimeoutExpired:
-            timed_out = True
+        child = fork_part(name, ctx, log, figures_path) if PRELOADED else spawn_part(name, ctx, log)
+        timed_out = not wait_for(child, limit)
+        if timed_out:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGTERM)
-            try:
-                code = child.wait(timeout=10)
-            except subprocess.TimeoutExpired:
+            if not wait_for(child, 10):
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(child.pid, signal.SIGKILL)
-                code = child.wait()
+                wait_for(child, None)
+    code = child.returncode
     end_group(child.pid)   # whatever it left running (servers, launcher ranks)
     seconds = round(time.perf_counter() - started, 1)
     figures = json.loads(figures_path.read_text()) if figures_path.is_file() else {}
@@ -586,6 +581,99 @@ def start_part(name: str, ctx: Context, out: Path, limit: float) -> dict:
     figures.pop("error", None)
     return {"status": status, "seconds": seconds, **({"figures": figures} if figures else {}),
             **({"log_tail": tail(log_path)} if status != "ok" else {})}
+
+
+# The stack every in-process part imports (smolforge first, for its lean imports): on the CPU the driver
+# imports it once and forks each part from itself, instead of each part paying ~4 CPU-s of imports in
+# a fresh interpreter. Not on a GPU: CUDA does not survive a fork, and a node's parts are minutes long.
+PRELOAD = ("smolforge", "smolforge.recipe", "smolforge.registry", "smolforge.runs", "smolforge.pretrain.model",
+           "torch", "transformers", "trl", "deepspeed", "datasets")
+PRELOADED = False
+IN_PROCESS = ("data", "sft_packed", "sft_zero3", "trainers", "vllm")   # the parts that import the stack themselves
+
+
+def preload_stack() -> bool:
+    """Import :data:`PRELOAD` (and the trainers) in this process; True when every import succeeded and the
+    parts may be forked from it. Nothing computes here before a fork (no OpenMP pool, no CUDA): what the
+    imports start (torch's one helper thread, pyarrow's jemalloc thread) survives a fork, as in a
+    DataLoader's forked workers."""
+    global PRELOADED
+    try:
+        for module in PRELOAD:
+            importlib.import_module(module)
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401
+        from trl import DPOTrainer, GRPOTrainer, SFTTrainer  # noqa: F401
+    except Exception as exc:   # noqa: BLE001 - a broken install fails in the part's own process, with its traceback
+        print(f"[gpu_check] not forking the parts (the stack did not import here: {exc})", file=sys.stderr)
+        return False
+    PRELOADED = True
+    return PRELOADED
+
+
+@dataclasses.dataclass
+class Forked:
+    """A forked part: the subset of ``subprocess.Popen`` :func:`wait_for` uses."""
+    pid: int
+    returncode: int | None = None
+
+
+def spawn_part(name: str, ctx: Context, log) -> subprocess.Popen:
+    command = [ctx.python, str(Path(__file__).resolve()), "--part", name, "--work", str(ctx.work)] + \
+        (["--cpu"] if ctx.cpu else [])
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ctx.work, env=ctx.env(),
+                            start_new_session=True)
+
+
+def fork_part(name: str, ctx: Context, log, figures_path: Path) -> Forked:
+    """Fork part ``name`` into its own session: its output into ``log``, the part's environment and
+    working folder, its process title naming the part and the work folder (what ``pgrep -f`` finds)."""
+    sys.stdout.flush(), sys.stderr.flush()
+    pid = os.fork()
+    if pid:
+        return Forked(pid)
+    code = 1
+    try:
+        os.setsid()
+        for number in (signal.SIGTERM, signal.SIGINT):   # a limit's SIGTERM ends the part, whatever the driver handles
+            signal.signal(number, signal.SIG_DFL)
+        os.dup2(log.fileno(), 1), os.dup2(log.fileno(), 2)
+        # the part's prints (and the commands it runs, which inherit sys.stdout) go to its log, whatever
+        # the driver's sys.stdout was (a capture under pytest)
+        sys.stdout, sys.stderr = (open(fd, "w", buffering=1, closefd=False) for fd in (1, 2))
+        os.chdir(ctx.work)
+        os.environ.update(ctx.env())
+        with contextlib.suppress(ImportError):
+            import setproctitle
+
+            setproctitle.setproctitle(f"gpu_check part {name} --work {ctx.work}")
+        code = run_part(name, ctx, figures_path)
+    except BaseException:   # noqa: BLE001 - nothing of the driver's may run on in the child
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush(), sys.stderr.flush()
+        os._exit(code)
+
+
+def wait_for(child, timeout: float | None) -> bool:
+    """Wait up to ``timeout`` seconds (None: for ever) for ``child`` (a Popen or a :class:`Forked`) to end;
+    True when it has, its exit status then in ``child.returncode``."""
+    if isinstance(child, subprocess.Popen):
+        try:
+            child.wait(timeout=timeout)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while True:
+        pid, status = os.waitpid(child.pid, 0 if deadline is None else os.WNOHANG)
+        if pid:
+            child.returncode = os.waitstatus_to_exitcode(status)
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
 
 
 def end_group(pgid: int, timeout: float = 5.0) -> None:
@@ -665,6 +753,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(summary))
             return 1
     print(f"[gpu_check] {'cpu' if args.cpu else 'gpu'} run; logs and summary in {out}; work in {work}", file=sys.stderr)
+    if args.cpu and sum(name in IN_PROCESS for name in wanted) >= 2:   # one part alone gains nothing
+        preload_stack()
     parts: dict[str, dict] = {}
     for name in wanted:
         part = PARTS[name]
@@ -682,7 +772,8 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr, flush=True)
     ok = all(p["status"] == "ok" or p["status"].startswith("skipped: vLLM") for p in parts.values())
     summary = {"bench": "gpu_check", "ok": ok, "device": "cpu" if args.cpu else _device_name(),
-               "seconds": round(time.perf_counter() - started, 1), "parts": parts, "out": str(out),
+               "seconds": round(time.perf_counter() - started, 1), "parts_forked": PRELOADED, "parts": parts,
+               "out": str(out),
                "work": str(work) + ("" if args.keep_work else " (removed)")}
     if not args.keep_work:
         shutil.rmtree(work, ignore_errors=True)

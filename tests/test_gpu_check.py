@@ -3,8 +3,10 @@ bench/gpu_kit.sh builds for an air-gapped node, and the accelerate config the ch
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 import zipfile
 from pathlib import Path
 
@@ -31,6 +33,7 @@ def test_gpu_check_runs_every_part_on_the_cpu(tmp_path):
     parts = summary["parts"]
     assert done.returncode == 0 and summary["ok"], json.dumps(parts, indent=1)[-4000:]
     assert list(parts) == ["data", "collectives", "pretrain", "sft_packed", "sft_zero3", "trainers", "vllm"]
+    assert summary["parts_forked"] is True      # the CPU run imports the stack once and forks every part from it
     skipped = gpu_check.vllm_missing(cpu=True)   # a GPU machine's vLLM is the CUDA build: no CPU run of it
     assert all(p["status"] == "ok" for name, p in parts.items() if name != "vllm"), parts
     assert parts["vllm"]["status"] == (skipped or "ok")
@@ -72,9 +75,48 @@ def test_a_part_over_its_time_limit_is_cut_off_and_the_check_goes_on(tmp_path):
     assert parts["data"]["status"] == "timeout: over its 0.5 s limit" and "log_tail" in parts["data"]
     assert parts["pretrain"]["status"] == "skipped: the data step failed"
     assert parts["collectives"]["status"] == "timeout: over its 1 s limit"   # the check went on after the first
+    assert summary["parts_forked"] is False     # one part that imports the stack: a fresh process, no preload
     work = summary["work"].removesuffix(" (removed)")
     leftover = subprocess.run(["pgrep", "-f", work], capture_output=True, text=True).stdout.split()
     assert leftover == []
+
+
+def forked_part(tmp_path, monkeypatch, body) -> tuple[dict, Path]:
+    """Part ``probe`` (``body(ctx)``) forked from this process as the CPU check forks its parts: its result."""
+    monkeypatch.setitem(gpu_check.PARTS, "probe", gpu_check.Part("probe", body, 2, 2))
+    monkeypatch.setattr(gpu_check, "PRELOADED", True)
+    work, out = tmp_path / "work", tmp_path / "out"
+    work.mkdir(parents=True), out.mkdir(parents=True)
+    return gpu_check.start_part("probe", gpu_check.Context(work, cpu=True), out, limit=2), work
+
+
+def test_a_forked_part_reports_its_figures_and_its_error_from_its_own_folder_and_log(tmp_path, monkeypatch):
+    def works(ctx):
+        print("working in", os.getcwd(), flush=True)
+        return {"cwd": os.getcwd(), "cuda_visible": os.environ["CUDA_VISIBLE_DEVICES"], "session": os.getsid(0)}
+
+    result, work = forked_part(tmp_path, monkeypatch, works)
+    assert result["status"] == "ok" and result["figures"]["cwd"] == str(work)
+    assert result["figures"]["cuda_visible"] == "" and result["figures"]["session"] != os.getsid(0)
+    assert f"working in {work}" in (tmp_path / "out" / "probe.log").read_text()
+
+    def fails(ctx):
+        gpu_check.expect(False, "loss 7.0 > 5.0")
+
+    result, _ = forked_part(tmp_path / "again", monkeypatch, fails)
+    assert result["status"] == "failed: loss 7.0 > 5.0" and "figures" not in result
+
+
+def test_a_forked_part_over_its_limit_is_killed_with_what_it_started(tmp_path, monkeypatch):
+    def hangs(ctx):
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", str(ctx.work)])
+        time.sleep(600)
+
+    started = time.monotonic()
+    result, work = forked_part(tmp_path, monkeypatch, hangs)
+    assert result["status"] == "timeout: over its 2 s limit" and time.monotonic() - started < 20
+    leftover = subprocess.run(["pgrep", "-f", str(work)], capture_output=True, text=True).stdout.split()
+    assert leftover == []     # the part (its title names the work folder) and the sleeper it started
 
 
 def test_the_accelerate_config_the_check_writes_passes_accelerates_own_checks(tmp_path, monkeypatch):
