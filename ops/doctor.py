@@ -407,17 +407,48 @@ def throughput(rows: Sequence[dict], drop: float = THROUGHPUT_DROP, min_windows:
             found.append((stretch, before))
         stretch = []
         normal.append((step, tps))
-    return [_slowdown(slow, normal_before, shares, rows, drop) for slow, normal_before in found]
+    findings = []
+    for slow, normal_before in found:
+        for part in _by_cause(slow, normal_before, shares, min_windows):
+            at = slow.index(part[0])
+            since = slow[at - 1][0] if at else normal_before[-1][0]    # the window before it: its wall time
+            findings.append(_slowdown(part, normal_before, shares, rows, drop, since))
+    return findings
 
 
-def _slowdown(stretch, before, shares: dict, rows: Sequence[dict], drop: float) -> Finding:
+def _by_cause(stretch, before, shares: dict, min_windows: int) -> list[list]:
+    """``stretch`` cut where its windows' cause changes: a loader stall that runs straight into a slowdown
+    of another kind (a neighbour's job, a checkpoint write) is two findings, each with its own cause,
+    not one whose data wait explains half of it. Each window's cause is whether its own wait for
+    batches explains :data:`DATA_EXPLAINS` of its own slowdown; the stretch stays whole where the wait
+    is not logged, or where no part of it is ``min_windows`` long."""
+    if not all(s in shares for s, _ in stretch) or not any(s in shares for s, _ in before):
+        return [stretch]
+    tps_b = statistics.median(v for _, v in before)
+    share_b = statistics.median(shares[s] for s, _ in before if s in shares)
+
+    def loader(step: int, tps: float) -> bool:
+        extra = 1 / tps - 1 / tps_b
+        return extra > 0 and (shares[step] / tps - share_b / tps_b) / extra >= DATA_EXPLAINS
+
+    parts: list[list] = []
+    for window in stretch:
+        if parts and loader(*parts[-1][-1]) == loader(*window):
+            parts[-1].append(window)
+        else:
+            parts.append([window])
+    long_enough = [part for part in parts if len(part) >= min_windows]
+    return long_enough if len(parts) > 1 and long_enough else [stretch]
+
+
+def _slowdown(stretch, before, shares: dict, rows: Sequence[dict], drop: float, since: int) -> Finding:
     steps = [s for s, _ in stretch]
     tps_d = statistics.median(v for _, v in stretch)
     tps_b = statistics.median(v for _, v in before)
     evidence = (f"tokens/s {_g(tps_d)} over steps {steps_text(_span(steps))} against {_g(tps_b)} before "
                 f"({_ratio(tps_d / tps_b)}, below {drop:g}x for {len(stretch)} logged windows)")
     figures: dict[str, Any] = {"tokens_per_s": tps_d, "tokens_per_s_before": tps_b}
-    wall = _minutes(rows, [before[-1][0]] + steps)
+    wall = _minutes(rows, [since] + steps)
     if wall is not None:
         evidence += f", {wall * 60:.0f} s of wall time"
         first = next(_value(r, "time") for r in rows if r.get("step") == steps[0] and _value(r, "time"))

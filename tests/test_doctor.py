@@ -77,6 +77,24 @@ def test_a_slowdown_the_data_wait_does_not_explain_is_not_blamed_on_the_loader()
         in finding.evidence
 
 
+def test_a_loader_stall_that_runs_into_a_slowdown_of_another_kind_is_two_findings():
+    """Steps 20-22 wait for data, steps 23-26 are slowed by something else (another job): one stretch
+    below the median, two causes; once blamed as a whole on neither (the data wait explained half)."""
+    rows = healthy_rows()
+    for row in rows[19:22]:
+        row.update(tokens_per_s=2_500.0, data_s=0.3, data_share=0.75)
+    for row in rows[22:26]:
+        row.update(tokens_per_s=4_000.0, data_share=0.02)
+    stall, other = throughput(rows)
+    assert (stall.steps, stall.cause) == ((20, 22), "data loading bottleneck (confirmed by the data wait)")
+    assert (other.steps, other.cause) == ((23, 26), "not the data loader: compute or communication slowed")
+    assert "tokens/s 2,500 over steps 20-22" in stall.evidence and ", 3 s of wall time" in stall.evidence
+    assert ", 4 s of wall time" in other.evidence                # from step 22 on, not from before the stall
+    for row in rows[19:26]:                                      # causes alternating window by window: no part
+        row.update(tokens_per_s=2_500.0, data_share=0.75 if row["step"] % 2 else 0.02)   # is 2 long, one stretch
+    assert only(throughput(rows)).steps == (20, 26)
+
+
 def test_without_a_logged_data_wait_the_loader_is_only_the_likely_cause():
     rows = healthy_rows()
     for row in rows:
@@ -290,7 +308,9 @@ def test_a_healthy_run_says_so_and_exits_0(capsys, runs, healthy_run):
 
 def test_a_slowed_loader_is_diagnosed_as_data_loading(capsys, runs, slow_loader_run):
     report = doctor_json(capsys, runs, slow_loader_run.name)
-    [finding] = but_contention(report["findings"])
+    found = but_contention(report["findings"])
+    assert len(found) == 1, json.dumps(report["findings"], indent=1)
+    [finding] = found
     assert finding["check"] == "throughput"
     assert finding["cause"] == "data loading bottleneck (confirmed by the data wait)"
     # the stalled steps, exactly on a quiet machine (a neighbour's load can slow a step beside them too)
