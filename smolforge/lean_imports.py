@@ -26,11 +26,16 @@ tests/test_lean_imports.py checks the stand-ins; test_ppo_stage.py, that a PPO s
 """
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
+import marshal
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 __all__ = ["install"]
 
@@ -150,9 +155,92 @@ class _DeferVLLMGeneration(importlib.abc.MetaPathFinder):
         return importlib.machinery.ModuleSpec(name, _StandInLoader(), origin=real.origin)
 
 
+# transformers' table of every class it loads lazily (``define_import_structure`` over transformers/models:
+# about 1,000 folders and 3,000 files read and scanned for ``__all__``, twice: for the package and for
+# ``transformers.models``) is built anew in every process that imports transformers; it depends only on
+# the installed files, so it is kept in a cache file named after them.
+IMPORT_UTILS = "transformers.utils.import_utils"
+
+
+def structure_cache_file(module_path, prefix: str | None) -> Path | None:
+    """Where the import structure of ``module_path`` (transformers' ``models`` folder, or a file in it) with
+    ``prefix`` is cached: a name drawn from the folder, the prefix, Python's version and the identity (inode,
+    size, mtime) of what decides the table (the folder and each model folder in it, ``transformers/__init__.py``,
+    ``import_utils.py``): a reinstall or an added model makes a new name. None for any other folder (the
+    per-model tables are small)."""
+    folder = Path(module_path)
+    folder = folder if folder.is_dir() else folder.parent
+    if folder.name != "models" or folder.parent.name != "transformers":
+        return None
+    files = [folder, folder.parent / "__init__.py", folder.parent / "utils" / "import_utils.py"]
+    with os.scandir(folder) as entries:      # a model folder added, removed or rewritten
+        files += sorted(entry.path for entry in entries if entry.is_dir())
+    identity = [(s.st_ino, s.st_size, s.st_mtime_ns) for s in map(os.stat, files)]
+    key = repr((str(folder), prefix, sys.version_info[:2], identity)).encode()
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "smolforge" / "import-structure"
+    return cache / f"transformers-{hashlib.sha256(key).hexdigest()[:32]}.marshal"
+
+
+def cached_structures(define: Callable) -> Callable:
+    """``define_import_structure`` read from its cache file where one exists (written, atomically, where
+    none does); any failure of the cache falls back to ``define`` itself. One object per (path, prefix) in
+    a process, as transformers' own lru_cache gives."""
+    made: dict = {}
+
+    def define_import_structure(module_path, prefix=None):
+        key = (str(module_path), prefix)
+        if key in made:
+            return made[key]
+        try:
+            path = structure_cache_file(module_path, prefix)
+        except OSError:
+            path = None
+        structure = None
+        if path is not None:
+            with contextlib.suppress(OSError, ValueError, EOFError, TypeError):
+                structure = marshal.loads(path.read_bytes())
+        if structure is None:
+            structure = define(module_path, prefix)
+            if path is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+                    temporary.write_bytes(marshal.dumps(structure))
+                    os.replace(temporary, path)
+        made[key] = structure
+        return structure
+
+    define_import_structure.__wrapped__ = define
+    return define_import_structure
+
+
+class _CacheImportStructure(importlib.abc.MetaPathFinder):
+    """Loads ``transformers.utils.import_utils`` as the path finder would, then gives it
+    :func:`cached_structures` around its ``define_import_structure`` (before any caller imports the name)."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != IMPORT_UTILS:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+        if spec is None or spec.loader is None:
+            return spec
+        execute = spec.loader.exec_module
+
+        def exec_module(module) -> None:
+            execute(module)
+            if callable(getattr(module, "define_import_structure", None)):
+                module.define_import_structure = cached_structures(module.define_import_structure)
+
+        spec.loader.exec_module = exec_module
+        return spec
+
+
 def install() -> None:
     """Put the finders first on ``sys.meta_path`` (no-ops when they are there or the modules are loaded)."""
     if not (all(name in sys.modules for name in DEFERRED) or any(isinstance(f, _DeferSklearn) for f in sys.meta_path)):
         sys.meta_path.insert(0, _DeferSklearn())
     if VLLM_GENERATION not in sys.modules and not any(isinstance(f, _DeferVLLMGeneration) for f in sys.meta_path):
         sys.meta_path.insert(0, _DeferVLLMGeneration())
+    if IMPORT_UTILS not in sys.modules and not any(isinstance(f, _CacheImportStructure) for f in sys.meta_path):
+        sys.meta_path.insert(0, _CacheImportStructure())
