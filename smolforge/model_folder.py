@@ -16,6 +16,7 @@ or the shards of ``model.safetensors.index.json``) exists and is as long as its 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from .errors import RunError
@@ -25,9 +26,36 @@ __all__ = ["check_model_folder", "check_safetensors"]
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 
 
+# folders that passed, by what they held then: a stage checks its parent several times (validate, run,
+# each helper that loads it), and a released tokenizer.json is megabytes of JSON (0.3 s a parse for
+# SmolLM2's on 2 cores)
+_PASSED: set = set()
+
+
+def _identity(folder: Path, tokenizer: bool) -> tuple:
+    """What a check of ``folder`` depends on: each top-level file's name, size and mtime (weights, config,
+    index and tokenizer files all sit there)."""
+    entries = sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
+                     for entry in os.scandir(folder) if entry.is_file())
+    return str(folder.resolve()), tokenizer, tuple(entries)
+
+
 def check_model_folder(folder: str | Path, owner: str, *, tokenizer: bool = True) -> None:
-    """RunError naming ``owner`` and the broken file when ``folder`` cannot be loaded as a model."""
+    """RunError naming ``owner`` and the broken file when ``folder`` cannot be loaded as a model.
+    A folder that passed is not read again while its files are unchanged."""
     folder = Path(folder)
+    try:
+        identity = _identity(folder, tokenizer)
+    except OSError:
+        identity = None          # missing or unreadable: the checks below say what is wrong
+    if identity is not None and identity in _PASSED:
+        return
+    _check_model_folder(folder, owner, tokenizer=tokenizer)
+    if identity is not None:
+        _PASSED.add(identity)
+
+
+def _check_model_folder(folder: Path, owner: str, *, tokenizer: bool) -> None:
     where = f"{owner}: model/" if folder.name == "model" else f"{owner}: {folder}"
     config_path = folder / "config.json"
     if not config_path.is_file():

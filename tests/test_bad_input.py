@@ -9,6 +9,7 @@ import pytest
 
 from conftest import DEMO, REPO, run_stage
 from smolforge.cli import main
+from smolforge.errors import RunError
 
 
 def cli(runs, *args) -> int:
@@ -162,3 +163,22 @@ def test_an_unreadable_run_json_is_named_by_lineage_and_the_stages(tmp_path, sft
         assert cli(runs, *args) == 2
         lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
         assert len(lines) == 1 and f"{info}: cannot read run.json" in lines[0], (args, lines)
+
+
+def test_a_model_folder_that_passed_is_not_read_again_until_a_file_changes(tmp_path, sft_run, monkeypatch):
+    import shutil
+
+    from smolforge import model_folder
+
+    model = shutil.copytree(sft_run.model_dir, tmp_path / "model")
+    reads = []
+    check = model_folder._check_model_folder
+    monkeypatch.setattr(model_folder, "_check_model_folder", lambda *a, **k: (reads.append(a[0]), check(*a, **k)))
+    for _ in range(3):                                   # a stage's validate, run and loaders
+        model_folder.check_model_folder(model, "parent run 'sft'")
+    assert reads == [model]
+    model_folder.check_model_folder(model, "parent run 'sft'", tokenizer=False)   # another check: read
+    assert len(reads) == 2
+    _truncate(model)
+    with pytest.raises(RunError, match=r"parent run 'sft': model/ .*model.safetensors: .*truncated"):
+        model_folder.check_model_folder(model, "parent run 'sft'")
