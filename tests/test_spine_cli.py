@@ -551,3 +551,21 @@ def test_only_what_follows_double_dash_reaches_vllm(fake_env, monkeypatch):
     assert main(["serve", "sft-demo", "--runs-dir", "r2", "--port", "8123", "--", "--max-num-seqs", "8"]) == 0
     assert seen["extra_args"] == ["--max-num-seqs", "8"] and seen["port"] == 8123 and seen["runs"] == Path("r2")
     assert main(["runs", "--", "--max-num-seqs", "8"]) == 2
+
+
+def test_the_parser_is_built_once_per_stage_table_in_a_process(monkeypatch, tmp_path, capsys):
+    import smolforge.cli as cli
+
+    built = []
+    build = cli.build_parser
+    monkeypatch.setattr(cli, "build_parser", lambda: (built.append(1), build())[1])
+    monkeypatch.setattr(cli, "_PARSERS", {})
+    monkeypatch.delenv("SMOLFORGE_EXTRA_STAGES", raising=False)
+    for _ in range(3):
+        assert main(["--runs-dir", str(tmp_path), "runs", "--json"]) == 0
+    assert main(["--runs-dir", str(tmp_path), "runs", "--sort"]) == 2      # a parse error: the same parser
+    assert len(built) == 1
+    monkeypatch.setenv("SMOLFORGE_EXTRA_STAGES", "toy=json")                # another stage table: its own parser
+    capsys.readouterr()
+    assert main(["--runs-dir", str(tmp_path), "toy", "--help"]) == 0 and len(built) == 2
+    assert "smolforge toy" in capsys.readouterr().out
