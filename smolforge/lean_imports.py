@@ -199,6 +199,8 @@ def cached_structures(define: Callable) -> Callable:
         if path is not None:
             with contextlib.suppress(OSError, ValueError, EOFError, TypeError):
                 structure = marshal.loads(path.read_bytes())
+        if not isinstance(structure, dict):         # none, or a file that holds something else
+            structure = None
         if structure is None:
             structure = define(module_path, prefix)
             if path is not None:

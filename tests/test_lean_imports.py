@@ -9,6 +9,7 @@ table of lazily loaded classes comes from its cache file, equal to the scan it r
 """
 from __future__ import annotations
 
+import marshal
 import os
 from pathlib import Path
 
@@ -64,9 +65,10 @@ def test_transformers_import_structure_comes_from_its_cache_file_equal_to_the_sc
 
     read = lean_imports.cached_structures(no_scan)
     assert read(models, "models") == written and read(models, "models") is read(models, "models")
-    cache_file.write_bytes(b"not marshal")                      # a damaged file: scanned again and rewritten
-    assert lean_imports.cached_structures(scan)(models, "models") == written
-    assert lean_imports.cached_structures(no_scan)(models, "models") == written
+    for damaged in (b"not marshal", marshal.dumps(["a", "list"])):   # a damaged file: scanned again, rewritten
+        cache_file.write_bytes(damaged)
+        assert lean_imports.cached_structures(scan)(models, "models") == written
+        assert lean_imports.cached_structures(no_scan)(models, "models") == written
 
 
 def test_the_cache_file_is_named_after_the_files_that_decide_the_table(tmp_path):
