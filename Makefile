@@ -87,14 +87,15 @@ demo: setup
 # every test module: 19 -> 12 s to collect the suite once. The project is compiled up front, and the test
 # run may write what it compiles (git ignores __pycache__/).
 SOURCES := smolforge data generation pretrain alignment evals annotate ops bench
+COMPILE = $(PY) -m compileall -q -j 0 $(SOURCES) >/dev/null
 unexport PYTHONDONTWRITEBYTECODE
 
 test: setup
-	@$(PY) -m compileall -q -j 0 $(SOURCES) >/dev/null
+	@$(COMPILE)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder tests
 
 test-fast: setup
-	@$(PY) -m compileall -q -j 0 $(SOURCES) >/dev/null
+	@$(COMPILE)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow" tests
 
 clean:

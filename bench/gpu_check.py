@@ -118,11 +118,11 @@ class Context:
         ``smolforge/`` folder must not shadow the installed package. ``python -m smolforge …`` is forked
         from this process where it imported the stack (``--cpu``: :func:`preload_stack`)."""
         print("$", " ".join(args), flush=True)
+        env = env or self.env()
         if PRELOADED and args[:3] == [self.python, "-m", "smolforge"]:
-            code = forked_cli(args[3:], cwd=self.work, env=env or self.env())
+            code = forked_cli(args[3:], cwd=self.work, env=env)
         else:
-            code = subprocess.run(args, cwd=self.work, env=env or self.env(), stdout=sys.stdout,
-                                  stderr=sys.stderr).returncode
+            code = subprocess.run(args, cwd=self.work, env=env, stdout=sys.stdout, stderr=sys.stderr).returncode
         if check and code != 0:
             raise CheckFailed(f"exit code {code}: {' '.join(args[:8])}…")
         return code

@@ -138,7 +138,7 @@ _PARSERS: dict = {}   # one parser per stage table: argparse parses without chan
 
 def stage_table_parser() -> argparse.ArgumentParser:
     """:func:`build_parser` for the registered stages, built once per process and stage table (a caller
-    that runs many commands in one process, such as ``smolforge.step_batch``, builds it once: ~20 ms of
+    that runs many commands in one process, such as ``smolforge.step_batch``, builds it once: ~24 ms of
     every command on 2 cores, for 18 stages' and 12 tools' subcommands)."""
     from smolforge.registry import stages
 

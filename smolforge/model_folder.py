@@ -35,8 +35,9 @@ _PASSED: set = set()
 def _identity(folder: Path, tokenizer: bool) -> tuple:
     """What a check of ``folder`` depends on: each top-level file's name, size and mtime (weights, config,
     index and tokenizer files all sit there)."""
-    entries = sorted((entry.name, entry.stat().st_size, entry.stat().st_mtime_ns)
-                     for entry in os.scandir(folder) if entry.is_file())
+    with os.scandir(folder) as listing:
+        files = [(entry.name, entry.stat()) for entry in listing if entry.is_file()]
+    entries = sorted((name, stat.st_size, stat.st_mtime_ns) for name, stat in files)
     return str(folder.resolve()), tokenizer, tuple(entries)
 
 
