@@ -36,8 +36,18 @@ from smolforge.runs import write_json_atomic
 
 
 def release_memory() -> None:
-    """Free what the previous command left (a trainer's reference cycles, CUDA's cached blocks)."""
+    """Free what the previous command left (a trainer's reference cycles, CUDA's cached blocks), then
+    freeze what survived (the modules the commands imported, ~800k objects with torch, transformers
+    and TRL) out of the cyclic collector's reach: each later full collection, as ``Trainer.train``
+    runs one at its start (accelerate's ``free_memory``), then skips them (0.55 s a collection on
+    2 cores, 2 µs after the freeze). Frozen objects are still freed when their last reference goes.
+
+        >>> import gc
+        >>> release_memory(); gc.get_freeze_count() > 0
+        True
+    """
     gc.collect()
+    gc.freeze()
     torch = sys.modules.get("torch")
     if torch is not None and torch.cuda.is_available():
         torch.cuda.empty_cache()

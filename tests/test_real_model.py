@@ -165,7 +165,8 @@ def test_grpo_rolls_out_through_vllm_on_gsm8k_prompts(real_model_run, runs, gsm8
     run = run_stage("grpo", runs, name="grpo-real", parent=real_model_run.name, data=str(gsm8k_prompts),
                     rewards=["math_match"], heldout_fraction=0.2, generation="vllm", eval_max_new_tokens=16,
                     chat_prompts=True,
-                    trainer={"max_steps": 2, "per_device_train_batch_size": 4, "num_generations": 4,
+                    # groups of two (one prompt a step): the rollout path, not the statistics, is under test
+                    trainer={"max_steps": 2, "per_device_train_batch_size": 2, "num_generations": 2,
                              "max_completion_length": 16, "logging_steps": 1, "save_strategy": "no"})
     metrics = run.metrics
     assert run.status == "done" and metrics["train/steps"] == 2
